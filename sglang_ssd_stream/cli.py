@@ -1,0 +1,46 @@
+"""``sglang-ssd-stream``: the SGLang-side command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+from .errors import EXIT_USAGE, KitError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own exit code 2 would collide with "refused"
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .patching.cli import add_patch_commands
+
+    parser = _Parser(prog="sglang-ssd-stream",
+                     description="Patches and PLE streaming for Qwen3.8 Flash-Next on SGLang.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_patch_commands(sub, "sglang")
+    try:
+        from .sidecar.cli import add_sidecar_commands
+    except ImportError:  # the sidecar package lands separately; the patch commands must not depend on it
+        pass
+    else:
+        sidecar = sub.add_parser("sidecar", help="build and verify PLE sidecars")
+        add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=_Parser))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except KitError as exc:
+        print(f"sglang-ssd-stream: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""``<tool> patch status|verify|apply|revert``: argparse wiring and rendering, shared by both CLIs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import EXIT_OK, KitError
+from . import commands
+from .engines import ENGINES
+from .state import PATCHED, PRISTINE
+from .target import from_python, from_site_packages
+
+EXIT_CODES_HELP = """exit codes:
+  0  success (verify: every file is patched)
+  1  verify: some file is pristine or not yet recovered
+  2  refused: unknown, missing or half-patched source state, or an unknown engine release
+  3  kit data invalid: corrupt diff or manifest, unsafe path
+  4  environment: engine not found, permission denied, I/O error
+  5  another installer holds the lock
+ 64  usage error
+Refusals (2-5) change nothing."""
+
+
+def add_patch_commands(subparsers, engine_name: str) -> None:
+    engine = ENGINES[engine_name]
+    patch = subparsers.add_parser(
+        "patch", help=f"apply, verify or revert this kit's {engine.name} source patches",
+        description=f"Hash-verified source patches for {engine.name}.", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = patch.add_subparsers(dest="verb", required=True, metavar="{status,verify,apply,revert}")
+    helps = {
+        "status": "per file: pristine / patched / unknown / missing",
+        "verify": "exit 0 only when every file is in the patched state",
+        "apply": "apply the patch series (no-op when already patched)",
+        "revert": "restore the pristine files byte for byte from our backups",
+    }
+    for verb, text in helps.items():
+        p = verbs.add_parser(verb, help=text, description=text, epilog=EXIT_CODES_HELP,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--python", metavar="PATH", help=f"patch the {engine.name} that this interpreter imports")
+        where.add_argument("--site-packages", metavar="DIR", help=f"patch the {engine.name} installed in DIR")
+        p.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+        if verb in ("apply", "revert"):
+            p.add_argument("--dry-run", action="store_true", help="check and show what would change; write nothing")
+        p.add_argument("--data-dir", metavar="DIR", help=argparse.SUPPRESS)  # maintainers/tests: other hashes/
+        p.set_defaults(handler=lambda args, _e=engine.name: run_patch_command(args, _e))
+
+
+def run_patch_command(args, engine_name: str) -> int:
+    engine = ENGINES[engine_name]
+    root = Path(args.data_dir) if args.data_dir else None
+    try:
+        target = (from_site_packages(engine, args.site_packages) if args.site_packages
+                  else from_python(engine, args.python))
+        if args.verb == "status":
+            report = commands.status(target, root)
+        elif args.verb == "verify":
+            report = commands.verify(target, root)
+        elif args.verb == "apply":
+            report = commands.apply(target, root, dry_run=args.dry_run)
+        else:
+            report = commands.revert(target, root, dry_run=args.dry_run)
+    except KitError as exc:
+        if args.json:
+            print(json.dumps({"command": args.verb, "engine": engine.name, "error": type(exc).__name__,
+                              "message": exc.message, "exit_code": exc.exit_code}, indent=1))
+        print(f"{engine.name}: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        print(json.dumps(report.as_json(), indent=1))
+    else:
+        render(report)
+    return report.exit_code
+
+
+def render(report: commands.Report) -> None:
+    m = report.manifest
+    print(f"{report.target.describe()}; manifest {m.source.name}; patches: {', '.join(p.id for p in m.patches)}")
+    for path in report.recovered:
+        print(f"  recovered   {path} (an interrupted transaction was rolled back to pristine)")
+    if report.pending_recovery:
+        print("  an interrupted transaction is pending; run `patch apply` or `patch revert` with write access")
+    width = max(len(f.entry.path) for f in report.files)
+    for f in report.files:
+        extra = f"  ({', '.join(f.matches)})" if f.matches else ""
+        sha = f.sha256 or "-"
+        print(f"  {f.state:<9} {f.entry.path:<{width}}  {sha}{extra}")
+    prefix = "would " if report.dry_run else ""
+    for action in report.actions:
+        print(f"  {prefix}{action}")
+    if report.command == "verify":
+        states = {f.state for f in report.files}
+        if report.exit_code == EXIT_OK:
+            print("verified: every file is patched")
+        elif states == {PRISTINE}:
+            print("not patched: every file is pristine (run `patch apply`)")
+        else:
+            print("NOT VERIFIED: " + ", ".join(f"{f.entry.path} is {f.state}" for f in report.files
+                                               if f.state != PATCHED))

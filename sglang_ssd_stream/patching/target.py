@@ -1,0 +1,67 @@
+"""Finding the engine install to patch: a site-packages directory and its release."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from ..errors import EnvironmentProblem
+from .engines import Engine
+
+# Runs in the target interpreter; find_spec on a top-level package does not execute its __init__.
+_PROBE = (
+    "import importlib.util, json, sys\n"
+    "spec = importlib.util.find_spec(sys.argv[1])\n"
+    "print(json.dumps(list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else None))\n"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    engine: Engine
+    site_packages: Path
+    release: str | None  # from the distribution's metadata; None when there is none
+
+    @property
+    def package_dir(self) -> Path:
+        return self.site_packages / self.engine.package
+
+    def describe(self) -> str:
+        rel = self.release or "unknown release"
+        return f"{self.engine.name} {rel} at {self.site_packages}"
+
+
+def installed_release(engine: Engine, site_packages: Path) -> str | None:
+    for dist in metadata.distributions(path=[str(site_packages)]):
+        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
+        if name == engine.distribution:
+            return dist.version
+    return None
+
+
+def from_site_packages(engine: Engine, site_packages: str | os.PathLike) -> Target:
+    site = Path(site_packages).absolute()
+    if not (site / engine.package).is_dir():
+        raise EnvironmentProblem(f"no {engine.package}/ package in {site}; is {engine.name} installed there?")
+    return Target(engine, site, installed_release(engine, site))
+
+
+def from_python(engine: Engine, python: str | os.PathLike | None = None) -> Target:
+    """The site-packages that ``python`` (default: this interpreter) imports ``engine`` from."""
+    exe = str(python or sys.executable)
+    try:
+        out = subprocess.run([exe, "-c", _PROBE, engine.package], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+    except FileNotFoundError:
+        raise EnvironmentProblem(f"python {exe} does not exist") from None
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise EnvironmentProblem(f"could not ask {exe} where {engine.package} is: {exc}") from None
+    locations = json.loads(out.strip().splitlines()[-1])
+    if not locations:
+        raise EnvironmentProblem(f"{exe} cannot import {engine.package}; install {engine.distribution} there first")
+    return from_site_packages(engine, Path(locations[0]).parent)

@@ -1,0 +1,501 @@
+"""The PLE sidecar format: ``ssd-stream.json`` plus raw row-major tables, checked before use.
+
+An artifact directory (a prepared model snapshot) holds::
+
+    ssd-stream.json                  # this module's manifest
+    ple/<table>.bin                  # raw row-major [rows, columns] tables, no header
+    model-plefp8-scale.safetensors   # the PLE ``…ngram_embedding.weight_scale`` tensors (bf16 [1])
+
+Manifest (version 1, compatible with artifacts prepared for garnermccloud/sglang-ssd-stream)::
+
+    {"format": "sglang-ssd-stream", "version": 1,
+     "tables": [{"layer": 3, "path": "ple/layer-3.bin", "sha256": "<64 hex>",
+                 "dtype": "float8_e4m3fn", "rows": 320001536, "columns": 160,
+                 "row_start": 0, "bytes": 51200245760}]}
+
+Global row ``g`` of a table lives at byte ``(g - row_start) * columns * itemsize`` of its file.
+``row_start`` is optional (default 0). Every other rule is enforced by :func:`load_manifest`;
+the SHA-256 is verified by :func:`sglang_ssd_stream.sidecar.verify.verify_sidecar`.
+
+Imports only the standard library (no numpy, torch or engine).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import stat
+import struct
+import warnings
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterable
+
+from . import _safetensors
+from .errors import (
+    SidecarManifestError,
+    SidecarPathEscape,
+    SidecarShapeMismatch,
+    SidecarSizeMismatch,
+    SidecarTruncated,
+    SidecarWarning,
+)
+
+log = logging.getLogger(__name__)
+
+FORMAT = "sglang-ssd-stream"
+VERSION = 1
+MANIFEST_NAME = "ssd-stream.json"
+SCALE_FILE_NAME = "model-plefp8-scale.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+ROWS_PER_TOKEN = 16  # (ngram_size - 1) * heads_per_ngram rows per token and PLE layer
+
+DTYPE_ITEMSIZE = {"float8_e4m3fn": 1, "bfloat16": 2}
+
+# Upper bounds: a manifest is small, and no plausible table comes near these.
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_TABLES = 1024
+MAX_PATH_CHARS = 1024
+MAX_LAYER = 1 << 16
+MAX_ROWS = 1 << 40
+MAX_COLUMNS = 1 << 16
+MAX_TABLE_BYTES = 1 << 50
+
+_TOP_KEYS = ("format", "version", "tables")
+_TABLE_REQUIRED = ("layer", "path", "sha256", "dtype", "rows", "columns", "bytes")
+_TABLE_OPTIONAL = ("row_start",)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+SCALE_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.weight_scale$")
+
+# Filesystems where random 4 KiB reads go over a network (warned about, not refused).
+NETWORK_FS_TYPES = frozenset(
+    {
+        "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "9p", "afs", "coda", "ceph", "glusterfs",
+        "lustre", "gpfs", "beegfs", "pvfs2", "orangefs", "davfs", "fuse.sshfs", "fuse.s3fs",
+        "fuse.rclone", "fuse.gcsfuse", "fuse.glusterfs", "fuse.ceph", "fuse.juicefs", "fuse.goofys",
+        "fuse.blobfuse", "fuse.blobfuse2", "fuse.mountpoint-s3", "fuse.davfs2", "fuse.cephfs",
+    }
+)
+MOUNTS_PATH = "/proc/mounts"
+
+
+@dataclass(frozen=True)
+class SidecarTable:
+    """One PLE table: global rows ``[row_start, row_start + rows)`` of decoder layer ``layer``."""
+
+    layer: int
+    path: str  # as written in the manifest (relative POSIX path)
+    file: Path  # absolute, symlinks resolved, checked to stay inside the artifact
+    sha256: str
+    dtype: str  # "float8_e4m3fn" | "bfloat16"
+    rows: int
+    columns: int
+    row_start: int
+    bytes: int
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_ITEMSIZE[self.dtype]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.columns * self.itemsize
+
+    @property
+    def row_end(self) -> int:
+        """One past the last global row id stored in this table."""
+        return self.row_start + self.rows
+
+
+@dataclass(frozen=True)
+class SidecarManifest:
+    """A validated ``ssd-stream.json``; ``root`` is the artifact directory (not resolved)."""
+
+    path: Path
+    root: Path
+    tables: tuple[SidecarTable, ...]
+
+    def table(self, layer: int) -> SidecarTable:
+        """The table of decoder layer ``layer``."""
+        for t in self.tables:
+            if t.layer == layer:
+                return t
+        raise SidecarShapeMismatch(
+            f"{self.path}: no PLE table for layer {layer}; tables exist for layers {[t.layer for t in self.tables]}",
+            path=str(self.path), actual=[t.layer for t in self.tables], expected=layer,
+        )
+
+
+def _bad(manifest: Path, what: str, actual: object, expected: str) -> SidecarManifestError:
+    return SidecarManifestError(
+        f"{manifest}: {what} is {actual!r}, expected {expected}", path=str(manifest), field=what,
+        actual=actual, expected=expected,
+    )
+
+
+def _int_field(manifest: Path, what: str, value: object, lo: int, hi: int) -> int:
+    if type(value) is not int:  # bool and float are not accepted
+        raise _bad(manifest, what, value, f"an integer in [{lo}, {hi}]")
+    if not lo <= value <= hi:
+        raise _bad(manifest, what, value, f"an integer in [{lo}, {hi}]")
+    return value
+
+
+def _reject_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"duplicate key {k!r}")
+        seen[k] = v
+    return seen
+
+
+def _reject_constant(name):
+    raise ValueError(f"non-finite number {name}")
+
+
+def hf_blobs_root(root: Path) -> Path | None:
+    """For a Hugging Face snapshot ``…/models--o--n/snapshots/<rev>``, its ``blobs`` directory."""
+    if root.parent.name == "snapshots":
+        blobs = root.parent.parent / "blobs"
+        if blobs.is_dir():
+            return blobs
+    return None
+
+
+def _allowed_roots(root: Path, trusted_roots: Iterable[str | os.PathLike]) -> list[str]:
+    roots = [os.path.realpath(root)]
+    blobs = hf_blobs_root(root)
+    if blobs is not None:  # snapshot files are symlinks into ../../blobs by design
+        roots.append(os.path.realpath(blobs))
+    roots.extend(os.path.realpath(r) for r in trusted_roots)
+    return roots
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def resolve_table_path(manifest: Path, root: Path, rel: object, roots: list[str]) -> Path:
+    """Check a manifest table path lexically and after resolving symlinks; return the real file."""
+    if not isinstance(rel, str) or not rel:
+        raise _bad(manifest, "table path", rel, "a non-empty relative POSIX path")
+    if len(rel) > MAX_PATH_CHARS:
+        raise _bad(manifest, "table path length", len(rel), f"at most {MAX_PATH_CHARS} characters")
+    if "\x00" in rel or "\\" in rel:
+        raise _bad(manifest, "table path", rel, "a relative POSIX path without NUL or backslash")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise SidecarPathEscape(
+            f"{manifest}: table path {rel!r} leaves the artifact directory {root} (absolute or '..'), "
+            f"expected a path inside it",
+            path=str(manifest), actual=rel, expected=str(root),
+        )
+    real = os.path.realpath(root / pure)
+    if not _inside(real, roots):
+        raise SidecarPathEscape(
+            f"{manifest}: table path {rel!r} resolves to {real}, outside the artifact directory {root} "
+            f"(symlink escape); expected a file under {', '.join(roots)}",
+            path=str(manifest), actual=real, expected=roots,
+        )
+    return Path(real)
+
+
+def _check_table_file(manifest: Path, t: SidecarTable) -> None:
+    try:
+        st = os.stat(t.file)
+    except FileNotFoundError:
+        raise SidecarManifestError(
+            f"{manifest}: table file {t.path} ({t.file}) does not exist, expected a {t.bytes}-byte file",
+            path=str(t.file), actual=None, expected=t.bytes,
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SidecarManifestError(
+            f"{manifest}: table file {t.path} ({t.file}) is not a regular file", path=str(t.file),
+            actual=stat.filemode(st.st_mode), expected="regular file",
+        )
+    if st.st_size < t.bytes:
+        raise SidecarTruncated(
+            f"PLE table {t.file} is truncated: it has {st.st_size} bytes, expected {t.bytes}",
+            path=str(t.file), actual=st.st_size, expected=t.bytes,
+        )
+    if st.st_size != t.bytes:
+        raise SidecarSizeMismatch(
+            f"PLE table {t.file} has {st.st_size} bytes, expected {t.bytes}",
+            path=str(t.file), actual=st.st_size, expected=t.bytes,
+        )
+
+
+def load_manifest(
+    path: str | os.PathLike,
+    *,
+    trusted_roots: Iterable[str | os.PathLike] = (),
+    check_files: bool = True,
+    mounts_path: str | None = None,
+) -> SidecarManifest:
+    """Load and validate ``ssd-stream.json`` (or the artifact directory holding it).
+
+    Args:
+        path: the manifest file, or the artifact directory containing ``ssd-stream.json``.
+        trusted_roots: extra directories table files may resolve into (e.g. the prepared
+            snapshot a model view links to). The artifact directory, and for a Hugging Face
+            snapshot its ``blobs/`` directory, are always allowed.
+        check_files: also check that every table file exists with exactly ``bytes`` bytes.
+        mounts_path: mounts table used to warn about network filesystems (default /proc/mounts).
+
+    Returns:
+        The validated :class:`SidecarManifest`. The SHA-256 is *not* checked here; see
+        :func:`sglang_ssd_stream.sidecar.verify.verify_sidecar`.
+
+    Raises:
+        SidecarManifestError, SidecarPathEscape, SidecarSizeMismatch, SidecarTruncated.
+    """
+    p = Path(os.path.abspath(path))  # keep symlinks: an HF snapshot's manifest is a link into blobs/
+    if p.is_dir():
+        p = p / MANIFEST_NAME
+    root = p.parent
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise SidecarManifestError(f"{p}: sidecar manifest not found", path=str(p), actual=None, expected=MANIFEST_NAME) from None
+    except OSError as exc:
+        raise SidecarManifestError(f"{p}: cannot read the sidecar manifest ({exc.strerror or exc})", path=str(p)) from exc
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise _bad(p, "manifest size", f">{MAX_MANIFEST_BYTES} bytes", f"at most {MAX_MANIFEST_BYTES} bytes")
+    try:
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SidecarManifestError(f"{p}: not valid JSON ({exc})", path=str(p)) from exc
+
+    if not isinstance(doc, dict):
+        raise _bad(p, "top level", type(doc).__name__, "a JSON object")
+    missing = [k for k in _TOP_KEYS if k not in doc]
+    if missing:
+        raise _bad(p, "missing field(s)", missing, f"all of {list(_TOP_KEYS)}")
+    extra = sorted(set(doc) - set(_TOP_KEYS))
+    if extra:
+        raise _bad(p, "unknown field(s)", extra, f"only {list(_TOP_KEYS)}")
+    if doc["format"] != FORMAT:
+        raise _bad(p, "format", doc["format"], repr(FORMAT))
+    if type(doc["version"]) is not int or doc["version"] != VERSION:
+        raise _bad(p, "version", doc["version"], f"{VERSION} (this kit reads version {VERSION} only)")
+    tables = doc["tables"]
+    if not isinstance(tables, list) or not tables:
+        raise _bad(p, "tables", tables if not isinstance(tables, list) else "[]", "a non-empty list")
+    if len(tables) > MAX_TABLES:
+        raise _bad(p, "number of tables", len(tables), f"at most {MAX_TABLES}")
+
+    roots = _allowed_roots(root, trusted_roots)
+    out: list[SidecarTable] = []
+    layers: set[int] = set()
+    files: set[Path] = set()
+    for i, entry in enumerate(tables):
+        where = f"tables[{i}]"
+        if not isinstance(entry, dict):
+            raise _bad(p, where, type(entry).__name__, "a JSON object")
+        missing = [k for k in _TABLE_REQUIRED if k not in entry]
+        if missing:
+            raise _bad(p, f"{where} missing field(s)", missing, f"all of {list(_TABLE_REQUIRED)}")
+        extra = sorted(set(entry) - set(_TABLE_REQUIRED) - set(_TABLE_OPTIONAL))
+        if extra:
+            raise _bad(p, f"{where} unknown field(s)", extra, f"only {list(_TABLE_REQUIRED + _TABLE_OPTIONAL)}")
+        layer = _int_field(p, f"{where}.layer", entry["layer"], 0, MAX_LAYER)
+        if layer in layers:
+            raise _bad(p, f"{where}.layer", layer, "a layer not listed twice")
+        layers.add(layer)
+        dtype = entry["dtype"]
+        if dtype not in DTYPE_ITEMSIZE:
+            raise _bad(p, f"{where}.dtype", dtype, f"one of {sorted(DTYPE_ITEMSIZE)}")
+        sha = entry["sha256"]
+        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            raise _bad(p, f"{where}.sha256", sha if not isinstance(sha, str) or len(sha) <= 80 else sha[:80] + "…",
+                       "64 lowercase hex digits")
+        rows = _int_field(p, f"{where}.rows", entry["rows"], 1, MAX_ROWS)
+        columns = _int_field(p, f"{where}.columns", entry["columns"], 1, MAX_COLUMNS)
+        row_start = _int_field(p, f"{where}.row_start", entry.get("row_start", 0), 0, MAX_ROWS)
+        nbytes = _int_field(p, f"{where}.bytes", entry["bytes"], 1, MAX_TABLE_BYTES)
+        want = rows * columns * DTYPE_ITEMSIZE[dtype]
+        if nbytes != want:
+            raise SidecarSizeMismatch(
+                f"{p}: {where}.bytes is {nbytes}, expected rows × columns × itemsize = "
+                f"{rows} × {columns} × {DTYPE_ITEMSIZE[dtype]} = {want}",
+                path=str(p), actual=nbytes, expected=want,
+            )
+        file = resolve_table_path(p, root, entry["path"], roots)
+        if file in files:
+            raise _bad(p, f"{where}.path", entry["path"], "a file not used by another table")
+        files.add(file)
+        out.append(SidecarTable(layer, entry["path"], file, sha, dtype, rows, columns, row_start, nbytes))
+
+    manifest = SidecarManifest(p, root, tuple(out))
+    if check_files:
+        for t in manifest.tables:
+            _check_table_file(p, t)
+        warned: set[str] = set()
+        for t in manifest.tables:
+            fs = filesystem_type(t.file, mounts_path=mounts_path)
+            if fs in NETWORK_FS_TYPES and fs not in warned:
+                warned.add(fs)
+                _warn_network(t.file, fs)
+    return manifest
+
+
+def check_model_shape(
+    table: SidecarTable, *, dtype: str, columns: int, rows: int | None = None, row_range: tuple[int, int] | None = None
+) -> None:
+    """Refuse a table that does not match the embedding the engine built.
+
+    Args:
+        dtype: the engine's table dtype (``"float8_e4m3fn"``/``"bfloat16"``; a ``torch.`` prefix is ignored).
+        columns: the embedding width (elements per row, 160 for Qwen3.8 Flash-Next).
+        rows: the padded vocabulary size, if the table must hold all of it.
+        row_range: ``(vocab_start, vocab_end)`` of this TP rank; the table must cover it.
+    """
+    want_dtype = str(dtype).removeprefix("torch.")
+    if table.dtype != want_dtype:
+        raise SidecarShapeMismatch(
+            f"PLE table {table.path} (layer {table.layer}) is {table.dtype}, but the model expects {want_dtype}",
+            path=table.path, field="dtype", actual=table.dtype, expected=want_dtype,
+        )
+    if table.columns != columns:
+        raise SidecarShapeMismatch(
+            f"PLE table {table.path} (layer {table.layer}) has {table.columns} columns, but the model expects {columns}",
+            path=table.path, field="columns", actual=table.columns, expected=columns,
+        )
+    if rows is not None and (table.row_start, table.row_end) != (0, rows):
+        raise SidecarShapeMismatch(
+            f"PLE table {table.path} (layer {table.layer}) holds rows [{table.row_start}, {table.row_end}), "
+            f"but the model expects [0, {rows})",
+            path=table.path, field="rows", actual=(table.row_start, table.row_end), expected=(0, rows),
+        )
+    if row_range is not None:
+        lo, hi = row_range
+        if not (table.row_start <= lo < hi <= table.row_end):
+            raise SidecarShapeMismatch(
+                f"PLE table {table.path} (layer {table.layer}) covers rows [{table.row_start}, {table.row_end}), "
+                f"not this rank's rows [{lo}, {hi})",
+                path=table.path, field="row_range", actual=(table.row_start, table.row_end), expected=(lo, hi),
+            )
+
+
+# ----------------------------------------------------------------------------- weight_scale
+
+
+@dataclass(frozen=True)
+class WeightScale:
+    """The PLE ``weight_scale`` of one layer (a bf16 ``[1]`` tensor in the checkpoint)."""
+
+    layer: int
+    file: Path
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    raw: bytes
+
+    @property
+    def value(self) -> float:
+        if self.dtype == "bfloat16":
+            return struct.unpack("<f", b"\x00\x00" + self.raw[:2])[0]
+        if self.dtype == "float16":
+            return struct.unpack("<e", self.raw[:2])[0]
+        return struct.unpack("<f", self.raw[:4])[0]
+
+
+_SCALE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _scale_from(info: _safetensors.TensorInfo, layer: int) -> WeightScale:
+    if info.dtype not in _SCALE_DTYPES or info.shape not in ((1,), ()):
+        raise SidecarShapeMismatch(
+            f"{info.file}: {info.name} is {info.dtype} {list(info.shape)}, expected bfloat16 [1]",
+            path=str(info.file), actual=(info.dtype, info.shape), expected=("bfloat16", (1,)),
+        )
+    return WeightScale(layer, info.file, info.name, info.dtype, info.shape, _safetensors.read_tensor_bytes(info))
+
+
+def find_weight_scales(root: str | os.PathLike) -> dict[int, WeightScale]:
+    """Locate the PLE ``weight_scale`` tensors of an artifact or checkpoint directory.
+
+    Looks in ``model-plefp8-scale.safetensors`` first; otherwise follows
+    ``model.safetensors.index.json`` (where prepared snapshots list it for the engine's loader).
+    Tensors of the MTP draft (names containing ``mtp``) are ignored. Returns ``{layer: WeightScale}``
+    (empty when the directory has none).
+    """
+    root = Path(root)
+    candidates: dict[str, list[str]] = {}
+    scale_file = root / SCALE_FILE_NAME
+    if scale_file.is_file():
+        candidates[str(scale_file)] = []
+    else:
+        index = root / INDEX_NAME
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise SidecarManifestError(f"{index}: unreadable safetensors index ({exc})", path=str(index)) from exc
+            for name, fname in weight_map.items():
+                if SCALE_TENSOR.search(name) and "mtp" not in name:
+                    if not isinstance(fname, str) or PurePosixPath(fname).is_absolute() or ".." in PurePosixPath(fname).parts:
+                        raise SidecarPathEscape(f"{index}: {name} maps to {fname!r}, outside {root}", path=str(index), actual=fname)
+                    candidates.setdefault(str(root / fname), []).append(name)
+    found: dict[int, WeightScale] = {}
+    for fname, names in candidates.items():
+        header = _safetensors.read_header(fname)
+        for name, info in header.items():
+            m = SCALE_TENSOR.search(name)
+            if not m or "mtp" in name or (names and name not in names):
+                continue
+            layer = int(m.group(1))
+            if layer in found:
+                raise SidecarManifestError(f"{fname}: two weight_scale tensors for PLE layer {layer}", path=fname)
+            found[layer] = _scale_from(info, layer)
+    return found
+
+
+# ----------------------------------------------------------------------------- network filesystems
+
+
+def _unescape_mount(field: str) -> str:
+    # /proc/mounts writes space, tab, newline and backslash as \040, \011, \012, \134
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem_type(path: str | os.PathLike, *, mounts_path: str | None = None) -> str | None:
+    """The filesystem type holding ``path`` according to the mounts table (None if unknown)."""
+    real = os.path.realpath(path)
+    try:
+        with open(mounts_path or MOUNTS_PATH, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best, best_len = None, -1
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt, fstype = _unescape_mount(parts[1]), parts[2]
+        prefix = mnt.rstrip("/") + "/"
+        if real == mnt or real.startswith(prefix) or mnt == "/":
+            if len(mnt) >= best_len:  # later entries of the same mount point stack on top
+                best, best_len = fstype, len(mnt)
+    return best
+
+
+def _warn_network(path: Path, fstype: str) -> None:
+    msg = (
+        f"PLE sidecar {path} is on a network filesystem ({fstype}); random 4 KiB row reads will be "
+        f"slow. Copy the artifact to a local NVMe disk."
+    )
+    log.warning(msg)
+    warnings.warn(msg, SidecarWarning, stacklevel=3)
+
+
+def warn_if_network_fs(path: str | os.PathLike, *, mounts_path: str | None = None) -> str | None:
+    """Warn (``SidecarWarning`` + log) if ``path`` is on a network filesystem; return its fs type."""
+    fs = filesystem_type(path, mounts_path=mounts_path)
+    if fs in NETWORK_FS_TYPES:
+        _warn_network(Path(path), fs)
+    return fs

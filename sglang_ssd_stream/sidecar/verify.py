@@ -1,0 +1,262 @@
+"""SHA-256 verification of sidecar tables, done once per file version and remembered.
+
+A table is hashed in a streaming pass (fixed 8 MiB buffer, progress bar on stderr). A success is
+recorded in a small JSON cache keyed by ``(inode, size, mtime_ns)`` of the table file, so later
+starts skip the 47 GiB pass until the file changes. The cache sits next to the manifest
+(``.ssd-stream-verified.json``); when the artifact directory is read-only it falls back to
+``$SGLANG_SSD_STREAM_HOME/sidecar-verify/`` (default ``~/.cache/sglang-ssd-stream``). Failures are
+never cached. Skipping verification needs an explicit ``no_verify=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+from .errors import SidecarChecksumMismatch, SidecarIOError, SidecarTruncated
+from .format import SidecarManifest, SidecarTable, load_manifest
+
+log = logging.getLogger(__name__)
+
+CACHE_NAME = ".ssd-stream-verified.json"
+CACHE_VERSION = 1
+HASH_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """Outcome for one table: ``status`` is ``verified``, ``cached``, ``skipped`` or ``mismatch``."""
+
+    layer: int
+    path: str
+    status: str
+    sha256: str  # the expected value
+    actual_sha256: str | None
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    manifest: str
+    cache_file: str | None
+    tables: tuple[TableCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(t.status != "mismatch" for t in self.tables)
+
+    def to_json(self) -> dict:
+        return {"manifest": self.manifest, "cache_file": self.cache_file, "ok": self.ok,
+                "tables": [asdict(t) for t in self.tables]}
+
+
+def default_cache_dir() -> Path:
+    """Fallback cache directory for read-only artifacts."""
+    home = os.environ.get("SGLANG_SSD_STREAM_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "sglang-ssd-stream")
+    return Path(home) / "sidecar-verify"
+
+
+def _fallback_cache_file(manifest: SidecarManifest, cache_dir: str | os.PathLike | None) -> Path:
+    key = hashlib.sha256(os.path.realpath(manifest.path).encode()).hexdigest()[:24]
+    return Path(cache_dir or default_cache_dir()) / f"{key}.json"
+
+
+def _file_key(st: os.stat_result) -> dict:
+    return {"inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and doc.get("version") == CACHE_VERSION and isinstance(doc.get("tables"), dict):
+            return doc["tables"]
+    except (OSError, ValueError):
+        pass
+    return {}  # a missing or damaged cache is only a cache miss
+
+
+def _write_cache(path: Path, entries: dict) -> None:
+    """Atomically write the cache; raises OSError when the location is not writable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": CACHE_VERSION, "tables": entries}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, progress: bool = True,
+                desc: str | None = None) -> str:
+    """Streaming SHA-256 of a file with a tqdm progress bar (stderr)."""
+    from tqdm.auto import tqdm
+
+    h = hashlib.sha256()
+    buf = bytearray(HASH_CHUNK)
+    view = memoryview(buf)
+    done = 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            total = expected_bytes if expected_bytes is not None else os.fstat(f.fileno()).st_size
+            try:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except (AttributeError, OSError):
+                pass
+            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+                      desc=desc or f"sha256 {Path(path).name}", leave=False) as bar:
+                while True:
+                    n = f.readinto(buf)
+                    if not n:
+                        break
+                    h.update(view[:n])
+                    done += n
+                    bar.update(n)
+    except OSError as exc:
+        raise SidecarIOError(f"cannot read PLE table {path} for verification: {exc.strerror or exc}",
+                             path=str(path)) from exc
+    if expected_bytes is not None and done < expected_bytes:
+        raise SidecarTruncated(f"PLE table {path} is truncated: it has {done} bytes, expected {expected_bytes}",
+                               path=str(path), actual=done, expected=expected_bytes)
+    return h.hexdigest()
+
+
+def verify_sidecar(
+    manifest: SidecarManifest | str | os.PathLike,
+    *,
+    no_verify: bool = False,
+    use_cache: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    layers: Iterable[int] | None = None,
+    raise_on_mismatch: bool = True,
+) -> VerifyReport:
+    """Check every table's SHA-256 against the manifest (or reuse a cached success).
+
+    Args:
+        manifest: a loaded manifest, or the path of ``ssd-stream.json`` / its directory.
+        no_verify: skip hashing entirely (explicit opt-out; logged as a warning).
+        use_cache: accept a cached success whose (inode, size, mtime_ns) still match; ``False``
+            forces a full re-check (``sidecar verify`` does this) and refreshes the cache.
+        cache_dir: fallback cache directory when the artifact directory is not writable.
+        progress: show a tqdm progress bar on stderr.
+        layers: only these layers (default: all).
+        raise_on_mismatch: raise :class:`SidecarChecksumMismatch` at the end if any table differs;
+            with ``False`` the report carries ``status="mismatch"`` instead.
+
+    Returns:
+        A :class:`VerifyReport`.
+    """
+    if not isinstance(manifest, SidecarManifest):
+        manifest = load_manifest(manifest)
+    wanted = None if layers is None else set(layers)
+    tables = [t for t in manifest.tables if wanted is None or t.layer in wanted]
+    if no_verify:
+        log.warning("PLE sidecar %s: SHA-256 verification skipped (--no-verify)", manifest.path)
+        return VerifyReport(str(manifest.path), None, tuple(
+            TableCheck(t.layer, t.path, "skipped", t.sha256, None, t.bytes, 0.0) for t in tables))
+
+    primary = manifest.root / CACHE_NAME
+    fallback = _fallback_cache_file(manifest, cache_dir)
+    # One process hashes at a time (TP ranks start together); the others then hit the cache.
+    with _verify_lock(fallback):
+        report, mismatches = _verify_locked(manifest, tables, primary, fallback, use_cache, progress)
+    if mismatches and raise_on_mismatch:
+        m = mismatches[0]
+        more = f" (and {len(mismatches) - 1} more table(s))" if len(mismatches) > 1 else ""
+        raise SidecarChecksumMismatch(
+            f"PLE table {m.path} (layer {m.layer}) has SHA-256 {m.actual_sha256}, expected {m.sha256}{more}",
+            path=m.path, actual=m.actual_sha256, expected=m.sha256, report=report.to_json(),
+        )
+    return report
+
+
+@contextlib.contextmanager
+def _verify_lock(fallback: Path):
+    from filelock import FileLock
+
+    lock_path = fallback.with_suffix(".lock")
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(lock_path))
+        lock.acquire()
+    except OSError as exc:  # no writable place for a lock: verify unlocked (correct, maybe duplicated work)
+        log.info("PLE sidecar verify lock %s unavailable (%s); continuing without it", lock_path, exc)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
+    # Entries are always loaded (so a partial re-check keeps the others) but trusted only with use_cache.
+    cache_file = primary
+    entries = _read_cache(primary)
+    if not entries:
+        entries = _read_cache(fallback)
+        if entries:
+            cache_file = fallback
+
+    results: list[TableCheck] = []
+    mismatches: list[TableCheck] = []
+    dirty = False
+    for t in tables:
+        try:
+            st = os.stat(t.file)
+        except OSError as exc:
+            raise SidecarIOError(f"cannot stat PLE table {t.file}: {exc.strerror or exc}", path=str(t.file)) from exc
+        key = _file_key(st)
+        cached = entries.get(t.path)
+        if use_cache and cached == {**key, "sha256": t.sha256}:
+            results.append(TableCheck(t.layer, t.path, "cached", t.sha256, t.sha256, t.bytes, 0.0))
+            continue
+        t0 = time.monotonic()
+        actual = sha256_file(t.file, expected_bytes=t.bytes, progress=progress, desc=f"verify layer {t.layer}")
+        dt = time.monotonic() - t0
+        if actual != t.sha256:
+            check = TableCheck(t.layer, t.path, "mismatch", t.sha256, actual, t.bytes, dt)
+            mismatches.append(check)
+            entries.pop(t.path, None)
+            dirty = True
+        else:
+            # Record the stat taken *before* hashing: a write during the pass changes mtime and
+            # invalidates the entry.
+            check = TableCheck(t.layer, t.path, "verified", t.sha256, actual, t.bytes, dt)
+            entries[t.path] = {**key, "sha256": t.sha256}
+            dirty = True
+        results.append(check)
+
+    written: str | None = str(cache_file) if entries else None
+    if dirty:
+        written = None
+        for target in (primary, fallback) if cache_file == primary else (fallback,):
+            try:
+                _write_cache(target, entries)
+                written = str(target)
+                break
+            except OSError as exc:
+                log.info("PLE sidecar verify cache %s not writable (%s); trying the next location", target, exc)
+        if written is None:
+            log.warning("PLE sidecar %s: could not record verification in %s or %s", manifest.path, primary, fallback)
+
+    return VerifyReport(str(manifest.path), written, tuple(results)), mismatches
+
+
+def table_file_key(table: SidecarTable) -> dict:
+    """The (inode, size, mtime_ns) cache key of a table file (for adapters that log it)."""
+    return _file_key(os.stat(table.file))

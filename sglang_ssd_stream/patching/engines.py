@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 
@@ -12,11 +13,13 @@ class Engine:
     name: str  # key used in file names: hashes/<name>-<release>.json, patches/<name>/
     distribution: str  # the name pip knows it by
     package: str  # the top-level import package inside site-packages
+    pinned: str  # the release install.sh installs and CI proves
 
 
+# The one place the pinned releases are written (install.sh and scripts/ ask this module).
 ENGINES = {
-    "sglang": Engine(name="sglang", distribution="sglang", package="sglang"),
-    "vllm": Engine(name="vllm", distribution="vllm", package="vllm"),
+    "sglang": Engine(name="sglang", distribution="sglang", package="sglang", pinned="0.5.23"),
+    "vllm": Engine(name="vllm", distribution="vllm", package="vllm", pinned="0.33.0"),
 }
 
 
@@ -30,3 +33,7 @@ def data_root() -> Path:
     if override:
         return Path(override)
     return Path(__file__).resolve().parent.parent / "data"
+
+
+if __name__ == "__main__":  # `python engines.py sglang` prints the pinned release, for shell scripts
+    print(ENGINES[sys.argv[1]].pinned)

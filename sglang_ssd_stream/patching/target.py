@@ -51,6 +51,16 @@ def from_site_packages(engine: Engine, site_packages: str | os.PathLike) -> Targ
     return Target(engine, site, installed_release(engine, site))
 
 
+def from_this_process(engine: Engine) -> Target:
+    """The install this interpreter imports ``engine`` from (no subprocess; used by the plugins)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(engine.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvironmentProblem(f"{engine.package} is not importable in {sys.executable}")
+    return from_site_packages(engine, Path(list(spec.submodule_search_locations)[0]).parent)
+
+
 def from_python(engine: Engine, python: str | os.PathLike | None = None) -> Target:
     """The site-packages that ``python`` (default: this interpreter) imports ``engine`` from."""
     exe = str(python or sys.executable)

@@ -1,0 +1,88 @@
+"""Driving a real engine venv from the outer test run.
+
+The outer pytest never imports an engine: the engine's files change state (pristine/patched)
+during the run, so every engine-side check runs in a fresh subprocess of the engine's venv,
+as pytest over a ``checks/check_*.py`` module, and reports per-test outcomes through JUnit XML.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class EngineVenv:
+    name: str
+    python: str
+
+    def env(self, extra: dict | None = None) -> dict:
+        home = tempfile.mkdtemp(prefix=f"{self.name}-home-")  # engines write caches under $HOME on import
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env.update({"HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "TRITON_INTERPRET": "1",
+                    "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO)})
+        env.update(extra or {})
+        return env
+
+    def cli(self, *args: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+        tool = "sglang_ssd_stream" if self.name == "sglang" else "vllm_ple_offload.cli"
+        return subprocess.run([self.python, "-m", tool, "patch", *args, "--python", self.python],
+                              capture_output=True, text=True, env=self.env(extra_env), timeout=600)
+
+    def status(self) -> dict:
+        r = self.cli("status", "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def states(self) -> set[str]:
+        return {f["state"] for f in self.status()["files"]}
+
+    def ensure_pristine(self) -> None:
+        if self.states() != {"pristine"}:
+            r = self.cli("revert")
+            assert r.returncode == 0, r.stderr
+        assert self.states() == {"pristine"}
+
+    def ensure_patched(self) -> None:
+        r = self.cli("apply")
+        assert r.returncode == 0, r.stderr
+        assert self.cli("verify").returncode == 0
+
+    def run_checks(self, *modules: str, extra_env: dict | None = None, timeout: int = 1500) -> dict[str, str]:
+        """Run check modules (paths relative to the repo) in the venv; returns {test name: outcome}."""
+        with tempfile.TemporaryDirectory() as tmp:
+            xml = Path(tmp) / "junit.xml"
+            r = subprocess.run([self.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                                "--rootdir", str(REPO), *modules], cwd=REPO, capture_output=True, text=True,
+                               env=self.env(extra_env), timeout=timeout)
+            if not xml.exists():
+                raise AssertionError(f"check run produced no report (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
+            outcomes = {}
+            for case in ET.parse(xml).iter("testcase"):
+                name = case.get("name")
+                kinds = {child.tag for child in case}
+                outcomes[name] = ("failed" if "failure" in kinds else "error" if "error" in kinds
+                                  else "skipped" if "skipped" in kinds else "passed")
+            outcomes["__output__"] = r.stdout[-6000:] + r.stderr[-3000:]
+            return outcomes
+
+
+def engine_venv(name: str) -> EngineVenv:
+    var = f"SSD_STREAM_{name.upper()}_PYTHON"
+    python = os.environ.get(var)
+    if not python:
+        pytest.fail(f"{var} is not set: run the tests through scripts/test.sh, which builds the {name} venv")
+    return EngineVenv(name, python)
+
+
+def outcomes_only(results: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in results.items() if k != "__output__"}

@@ -1,0 +1,135 @@
+"""``sidecar build`` and ``sidecar verify`` subcommands, mounted by the kit's CLI.
+
+Handlers return an exit code; failures are raised as :class:`sglang_ssd_stream.errors.KitError`
+subclasses, which the caller prints and maps to ``exit_code``. Results go to stdout (``--json``
+for a machine-readable object); progress bars and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import EXIT_OK
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from .build import build_sidecar
+
+    result = build_sidecar(
+        args.checkpoint,
+        args.output,
+        split_ngram_parts=args.split_ngram_parts,
+        layers=args.layers,
+        expected_rows=args.rows,
+        expected_columns=args.columns,
+        force=args.force,
+        verify=not args.no_verify,
+        progress=not args.quiet,
+        cache_dir=args.cache_dir,
+    )
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for t in result.manifest.tables:
+        print(f"layer {t.layer}: {t.path}  {t.dtype} [{t.rows}, {t.columns}]  {_human(t.bytes)}  sha256 {t.sha256}")
+    print(f"weight_scale: {result.scale_file or 'not found in the checkpoint'}")
+    print(f"verified: {'skipped (--no-verify)' if result.verify is None else 'yes'}")
+    print(f"wrote {result.manifest.path} in {result.seconds:.1f} s")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .format import check_model_shape, load_manifest
+    from .verify import verify_sidecar
+
+    manifest = load_manifest(args.artifact, trusted_roots=args.trusted_root or ())
+    if args.dtype is not None or args.columns is not None or args.rows is not None:
+        for t in manifest.tables:
+            check_model_shape(t, dtype=args.dtype or t.dtype, columns=args.columns or t.columns, rows=args.rows)
+    report = verify_sidecar(
+        manifest,
+        use_cache=args.use_cache,
+        cache_dir=args.cache_dir,
+        progress=not args.quiet,
+        layers=args.layers,
+        raise_on_mismatch=False,
+    )
+    if args.json:
+        json.dump(report.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for c in report.tables:
+            extra = f"  actual {c.actual_sha256}" if c.status == "mismatch" else ""
+            print(f"layer {c.layer}: {c.path}  {c.status}  sha256 {c.sha256}{extra}  ({_human(c.bytes)}, {c.seconds:.1f} s)")
+        print("OK" if report.ok else "FAILED")
+    if not report.ok:
+        from .errors import SidecarChecksumMismatch
+
+        bad = [c for c in report.tables if c.status == "mismatch"]
+        raise SidecarChecksumMismatch(
+            f"PLE table {bad[0].path} (layer {bad[0].layer}) has SHA-256 {bad[0].actual_sha256}, "
+            f"expected {bad[0].sha256}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+            path=bad[0].path, actual=bad[0].actual_sha256, expected=bad[0].sha256,
+        )
+    return EXIT_OK
+
+
+def add_sidecar_commands(subparsers) -> dict[str, argparse.ArgumentParser]:
+    """Add ``build`` and ``verify`` to an argparse ``subparsers`` object.
+
+    Each parser gets ``set_defaults(func=handler)``; ``handler(args) -> int``. Returns the
+    parsers by name.
+    """
+    b = subparsers.add_parser(
+        "build",
+        help="build a PLE sidecar (ssd-stream.json + ple/*.bin) from a checkpoint's PLE shards",
+        description="Copy the PLE shard tensors of an HF-format checkpoint into raw row-major tables, "
+        "write ssd-stream.json with their SHA-256, and copy the PLE weight_scale. Restart-safe.",
+    )
+    b.add_argument("checkpoint", help="HF-format checkpoint directory (with the PLE shard tensors)")
+    b.add_argument("-o", "--output", help="artifact directory to write (default: the checkpoint directory)")
+    b.add_argument("--split-ngram-parts", type=int, metavar="N",
+                   help="shards per table (default: config.json's split_ngram_parts, else 512)")
+    b.add_argument("--layer", type=int, action="append", dest="layers", metavar="L",
+                   help="only this decoder layer (repeatable; default: all)")
+    b.add_argument("--rows", type=int, help="refuse tables without exactly this many rows")
+    b.add_argument("--columns", type=int, help="refuse tables without exactly this many columns")
+    b.add_argument("--force", action="store_true", help="replace an existing sidecar in the output directory")
+    b.add_argument("--no-verify", action="store_true",
+                   help="do not re-read the written tables to check their SHA-256")
+    b.add_argument("--cache-dir", help="where to record verification if the output is read-only")
+    b.add_argument("--json", action="store_true", help="print the result as JSON")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_build)
+
+    v = subparsers.add_parser(
+        "verify",
+        help="check a sidecar's manifest, sizes and SHA-256",
+        description="Validate ssd-stream.json and re-hash every table (ignoring the verification cache "
+        "unless --use-cache); records successes in the cache.",
+    )
+    v.add_argument("artifact", help="artifact directory or its ssd-stream.json")
+    v.add_argument("--use-cache", action="store_true",
+                   help="accept earlier successful verifications of unchanged files")
+    v.add_argument("--layer", type=int, action="append", dest="layers", metavar="L", help="only this layer (repeatable)")
+    v.add_argument("--dtype", choices=["float8_e4m3fn", "bfloat16"], help="expected table dtype")
+    v.add_argument("--columns", type=int, help="expected row width in elements")
+    v.add_argument("--rows", type=int, help="expected rows per table")
+    v.add_argument("--trusted-root", action="append", metavar="DIR",
+                   help="another directory table files may resolve into (repeatable)")
+    v.add_argument("--cache-dir", help="fallback directory for the verification cache")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(func=cmd_verify)
+    return {"build": b, "verify": v}

@@ -1,0 +1,404 @@
+"""Bounded-memory, fail-closed reader of PLE sidecar rows.
+
+``SidecarReader.read_rows(ids, out)`` fills ``out[i]`` with the raw bytes of global row
+``ids[i]``. How:
+
+1. *Plan.* Row ids of this TP rank (``[vocab_start, vocab_end)``) become byte ranges, then
+   4 KiB page numbers; pages are sorted and de-duplicated, and adjacent pages are coalesced
+   into reads of at most ``max_read_bytes``. Ids of other ranks are left zero; ids outside
+   the table raise :class:`SidecarRowOutOfRange` before anything is touched.
+2. *Read.* Pages are read in waves that fit one fixed page buffer (allocated once, page
+   aligned, so ``O_DIRECT`` works). A wave's reads are split over a thread pool; each thread
+   issues ``os.preadv`` calls, which release the GIL, so reads overlap in the kernel.
+3. *Scatter.* Each requested row (duplicates included, in the caller's order) is copied from
+   the page buffer into ``out``.
+
+Fail-closed: after any I/O error or short read the reader raises and refuses every later call
+(:class:`SidecarReaderUnusable`); it never hands back zeros for a row of its range.
+
+Imports only the standard library and numpy.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import logging
+import mmap
+import os
+import threading
+import weakref
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .errors import (
+    SidecarIOError,
+    SidecarReaderUnusable,
+    SidecarRowOutOfRange,
+    SidecarShapeMismatch,
+    SidecarTruncated,
+)
+from .format import ROWS_PER_TOKEN, SidecarTable
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 4096
+DEFAULT_MAX_READ_BYTES = 256 << 10  # coalescing cap per read
+DEFAULT_WORKERS = 8
+# Transient planning arrays per requested row (ids, offsets, sort order, pages, …); an upper bound.
+PLAN_BYTES_PER_ROW = 160
+_MIN_WAVE_PAGES = 1024  # small readers still get a 4 MiB buffer so a wave holds a whole decode batch
+
+
+def rows_for_tokens(tokens: int, rows_per_token: int = ROWS_PER_TOKEN) -> int:
+    """Rows one PLE lookup needs for ``tokens`` tokens (``chunked_prefill_size × 16``)."""
+    return int(tokens) * rows_per_token
+
+
+def _pages_per_row(row_bytes: int) -> int:
+    """Most pages one row of ``row_bytes`` can touch (it may straddle page boundaries)."""
+    return (row_bytes + PAGE_SIZE - 2) // PAGE_SIZE + 1
+
+
+def _close_fd(fd: int, pool: concurrent.futures.ThreadPoolExecutor | None) -> None:
+    if pool is not None:
+        pool.shutdown(wait=True)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+class SidecarReader:
+    """Reads rows of one PLE table with a fixed working set.
+
+    Args:
+        table: the table (from :func:`sglang_ssd_stream.sidecar.format.load_manifest`).
+        vocab_start, vocab_end: this TP rank's global row range; rows outside it come back zero.
+            Default: the whole table. The table must cover the range.
+        max_rows: the largest lookup planned at once, normally
+            ``rows_for_tokens(chunked_prefill_size)``; sizes the page buffer. Larger requests
+            are processed in slices of ``max_rows`` with the same memory.
+        workers: reader threads (each issues one ``preadv`` at a time).
+        direct: open with ``O_DIRECT`` (bypass the page cache). Raises
+            :class:`SidecarIOError` where the filesystem does not support it.
+        max_read_bytes: cap for one coalesced read (a multiple of 4 KiB).
+        buffer_bytes: override the page buffer size (default derived from ``max_rows``).
+        total_rows: ids must lie in ``[0, total_rows)``; default ``table.row_end``.
+
+    Example::
+
+        reader = SidecarReader(table, vocab_start=0, vocab_end=table.row_end, max_rows=rows_for_tokens(8192))
+        out = np.empty((len(ids), table.row_bytes), np.uint8)
+        reader.read_rows(ids, out)
+    """
+
+    def __init__(
+        self,
+        table: SidecarTable,
+        *,
+        vocab_start: int | None = None,
+        vocab_end: int | None = None,
+        max_rows: int,
+        workers: int = DEFAULT_WORKERS,
+        direct: bool = False,
+        max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+        buffer_bytes: int | None = None,
+        total_rows: int | None = None,
+    ):
+        self.table = table
+        self.row_bytes = table.row_bytes
+        self.vocab_start = table.row_start if vocab_start is None else int(vocab_start)
+        self.vocab_end = table.row_end if vocab_end is None else int(vocab_end)
+        self.total_rows = table.row_end if total_rows is None else int(total_rows)
+        self.max_rows = int(max_rows)
+        self.workers = int(workers)
+        self.direct = bool(direct)
+        if not (table.row_start <= self.vocab_start < self.vocab_end <= table.row_end):
+            raise SidecarShapeMismatch(
+                f"PLE table {table.file} covers rows [{table.row_start}, {table.row_end}), "
+                f"not this rank's rows [{self.vocab_start}, {self.vocab_end})",
+                path=str(table.file), actual=(table.row_start, table.row_end), expected=(self.vocab_start, self.vocab_end),
+            )
+        if self.total_rows < table.row_end:
+            raise SidecarShapeMismatch(
+                f"total_rows {self.total_rows} is smaller than the table's end row {table.row_end}",
+                path=str(table.file), actual=self.total_rows, expected=table.row_end,
+            )
+        if self.max_rows < 1 or self.workers < 1:
+            raise SidecarShapeMismatch(
+                f"max_rows ({self.max_rows}) and workers ({self.workers}) must be at least 1",
+                path=str(table.file), actual=(self.max_rows, self.workers), expected=">= 1",
+            )
+        if max_read_bytes < PAGE_SIZE or max_read_bytes % PAGE_SIZE:
+            raise SidecarShapeMismatch(
+                f"max_read_bytes is {max_read_bytes}, expected a positive multiple of {PAGE_SIZE}",
+                path=str(table.file), actual=max_read_bytes, expected=f"multiple of {PAGE_SIZE}",
+            )
+        self.max_read_pages = max_read_bytes // PAGE_SIZE
+
+        self._spill = _pages_per_row(self.row_bytes) - 1
+        if buffer_bytes is None:
+            wave = max(
+                -(-self.max_rows * self.row_bytes // PAGE_SIZE),
+                min(self.max_rows * (self._spill + 1), _MIN_WAVE_PAGES),
+            )
+        else:
+            wave = int(buffer_bytes) // PAGE_SIZE - self._spill
+            if wave < 1:
+                raise SidecarShapeMismatch(
+                    f"buffer_bytes {buffer_bytes} cannot hold one {self.row_bytes}-byte row",
+                    path=str(table.file), actual=buffer_bytes, expected=(self._spill + 1) * PAGE_SIZE,
+                )
+        self._wave_pages = wave
+        self._buffer_len = (wave + self._spill) * PAGE_SIZE
+
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        if self.direct:
+            flags |= os.O_DIRECT
+        try:
+            fd = os.open(table.file, flags)
+        except OSError as exc:
+            if self.direct and exc.errno == errno.EINVAL:
+                raise SidecarIOError(
+                    f"cannot open PLE table {table.file} with O_DIRECT: the filesystem does not support it "
+                    f"(use direct=False)", path=str(table.file),
+                ) from exc
+            raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}", path=str(table.file)) from exc
+        self._fd = fd
+        try:
+            size = os.fstat(fd).st_size
+            if size < table.bytes:
+                raise SidecarTruncated(
+                    f"PLE table {table.file} is truncated: it has {size} bytes, expected {table.bytes}",
+                    path=str(table.file), actual=size, expected=table.bytes,
+                )
+            self._file_size = size
+            if not self.direct:
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                except (AttributeError, OSError):
+                    pass
+            self._buf = mmap.mmap(-1, self._buffer_len)  # page aligned: valid for O_DIRECT
+            self._mv = memoryview(self._buf)
+            self._np = np.frombuffer(self._buf, dtype=np.uint8)
+            self._window = as_strided(
+                self._np, shape=(self._buffer_len - self.row_bytes + 1, self.row_bytes), strides=(1, 1), writeable=False
+            )
+            self._pool = (
+                concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix=f"ple-sidecar-L{table.layer}")
+                if self.workers > 1 else None
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        self._finalizer = weakref.finalize(self, _close_fd, fd, self._pool)
+        self._lock = threading.Lock()
+        self._failure: str | None = None
+        self._closed = False
+        self._stats = {"calls": 0, "rows": 0, "rows_in_range": 0, "pages": 0, "reads": 0, "bytes_read": 0, "waves": 0}
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def working_set_bytes(self) -> int:
+        """Fixed memory this reader uses: the page buffer plus the planning arrays for ``max_rows``."""
+        return self._buffer_len + self.max_rows * PLAN_BYTES_PER_ROW
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Size of the page buffer (allocated once)."""
+        return self._buffer_len
+
+    @property
+    def stats(self) -> dict:
+        """Counters since creation: calls, rows, rows_in_range, pages, reads, bytes_read, waves."""
+        return dict(self._stats)
+
+    @property
+    def usable(self) -> bool:
+        return not self._closed and self._failure is None
+
+    def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out[i]`` with the bytes of global row ``ids[i]``.
+
+        Args:
+            ids: 1-D integer array of global row ids, any order, duplicates allowed.
+            out: C-contiguous writable ``uint8`` array of shape ``[len(ids), row_bytes]``
+                (e.g. a view of pinned host memory). Rows outside ``[vocab_start, vocab_end)``
+                are set to zero.
+
+        Raises:
+            SidecarRowOutOfRange: an id is negative or ``>= total_rows`` (nothing written; the
+                reader stays usable).
+            SidecarShapeMismatch: ``ids``/``out`` have the wrong type or shape.
+            SidecarIOError: a read failed; ``out`` is then undefined and the reader is unusable.
+            SidecarReaderUnusable: the reader was closed or failed before.
+        """
+        ids = self._check_ids(ids)
+        n = ids.shape[0]
+        self._check_out(out, n)
+        with self._lock:
+            self._check_usable()
+            if n:
+                lo, hi = int(ids.min()), int(ids.max())
+                if lo < 0 or hi >= self.total_rows:
+                    bad = int(np.flatnonzero((ids < 0) | (ids >= self.total_rows))[0])
+                    raise SidecarRowOutOfRange(
+                        f"PLE row id {int(ids[bad])} (position {bad}) is outside table {self.table.path} "
+                        f"of layer {self.table.layer}, expected 0 <= id < {self.total_rows}",
+                        path=str(self.table.file), actual=int(ids[bad]), expected=(0, self.total_rows),
+                    )
+            self._stats["calls"] += 1
+            self._stats["rows"] += n
+            try:
+                for a in range(0, n, self.max_rows):
+                    self._read_slice(ids[a:a + self.max_rows], out[a:a + self.max_rows])
+            except SidecarIOError as exc:
+                self._failure = exc.message
+                raise
+            except BaseException as exc:  # anything else mid-read also fails closed
+                self._failure = f"{type(exc).__name__}: {exc}"
+                raise
+
+    def close(self) -> None:
+        """Release the file and threads; later reads raise :class:`SidecarReaderUnusable`."""
+        with self._lock:
+            self._closed = True
+            self._finalizer()
+
+    def __enter__(self) -> "SidecarReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"SidecarReader({self.table.file}, rows=[{self.vocab_start}, {self.vocab_end}), "
+                f"row_bytes={self.row_bytes}, workers={self.workers}, direct={self.direct}, "
+                f"working_set={self.working_set_bytes} B)")
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SidecarReaderUnusable(f"PLE sidecar reader for {self.table.file} is closed", path=str(self.table.file))
+        if self._failure is not None:
+            raise SidecarReaderUnusable(
+                f"PLE sidecar reader for {self.table.file} is unusable after an earlier I/O failure: {self._failure}",
+                path=str(self.table.file), cause=self._failure,
+            )
+
+    def _check_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise SidecarShapeMismatch(
+                f"row ids must be a 1-D integer array, got {ids.dtype} with shape {ids.shape}",
+                actual=(str(ids.dtype), ids.shape), expected="1-D int64",
+            )
+        if ids.dtype == np.uint64 and ids.size and int(ids.max()) >= 1 << 63:
+            raise SidecarRowOutOfRange(
+                f"PLE row id {int(ids.max())} is outside table {self.table.path}, expected 0 <= id < {self.total_rows}",
+                path=str(self.table.file), actual=int(ids.max()), expected=(0, self.total_rows),
+            )
+        return ids.astype(np.int64, copy=False)
+
+    def _check_out(self, out, n: int) -> None:
+        if (
+            not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (n, self.row_bytes)
+            or not out.flags.c_contiguous or not out.flags.writeable
+        ):
+            desc = (f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__)
+            raise SidecarShapeMismatch(
+                f"output must be a writable C-contiguous uint8 array of shape ({n}, {self.row_bytes}), got {desc}",
+                actual=desc, expected=("uint8", (n, self.row_bytes)),
+            )
+
+    # ------------------------------------------------------------------ planning and I/O
+
+    def _read_slice(self, ids: np.ndarray, out: np.ndarray) -> None:
+        rb, P = self.row_bytes, PAGE_SIZE
+        inr = (ids >= self.vocab_start) & (ids < self.vocab_end)
+        sel = np.flatnonzero(inr)
+        if sel.size != ids.size:
+            out[~inr] = 0
+        if sel.size == 0:
+            return
+        self._stats["rows_in_range"] += int(sel.size)
+        start = (ids[sel] - self.table.row_start) * rb  # byte offset of each row in the file
+        order = np.argsort(start, kind="stable")
+        start = start[order]
+        dst = sel[order]
+        first = start // P
+        span = (start + (rb - 1)) // P - first  # extra pages each row touches (<= spill)
+        if self._spill:
+            pages = np.unique(np.concatenate([first] + [first[span >= k] + k for k in range(1, self._spill + 1)]))
+        else:
+            pages = np.unique(first)
+        fidx = np.searchsorted(pages, first)  # page index of each row's first page
+        lidx = fidx + span  # its pages are consecutive entries of `pages`
+        in_page = start - first * P
+        self._stats["pages"] += int(pages.size)
+
+        nrows = start.size
+        ra = 0
+        while ra < nrows:
+            pa = int(fidx[ra])
+            rb_ = int(np.searchsorted(fidx, pa + self._wave_pages, side="left"))
+            pe = int(lidx[ra:rb_].max()) + 1  # <= pa + wave_pages + spill
+            self._read_pages(pages[pa:pe])
+            boff = (fidx[ra:rb_] - pa) * P + in_page[ra:rb_]
+            out[dst[ra:rb_]] = self._window[boff]
+            self._stats["waves"] += 1
+            ra = rb_
+
+    def _read_pages(self, seg: np.ndarray) -> None:
+        """Read the (sorted, unique) pages ``seg`` into the page buffer, page i at i × 4 KiB."""
+        P, cap = PAGE_SIZE, self.max_read_pages
+        n = seg.size
+        brk = np.empty(n, dtype=bool)
+        brk[0] = True
+        np.not_equal(np.diff(seg), 1, out=brk[1:])
+        run_start = np.flatnonzero(brk)[np.cumsum(brk) - 1]
+        starts = np.flatnonzero(brk | ((np.arange(n) - run_start) % cap == 0))
+        lens = np.diff(np.append(starts, n))
+        file_off = seg[starts] * P
+        expect = np.minimum(lens * P, self._file_size - file_off)
+        jobs = (file_off.tolist(), (starts * P).tolist(), (lens * P).tolist(), expect.tolist())
+        self._stats["reads"] += int(starts.size)
+        self._stats["bytes_read"] += int(expect.sum())
+
+        nthreads = min(self.workers, starts.size)
+        if nthreads <= 1 or self._pool is None:
+            self._read_runs(*jobs)
+            return
+        bounds = np.linspace(0, starts.size, nthreads + 1).astype(int).tolist()
+        futures = [
+            self._pool.submit(self._read_runs, *(j[bounds[i]:bounds[i + 1]] for j in jobs)) for i in range(nthreads)
+        ]
+        concurrent.futures.wait(futures)  # never leave a thread writing into the buffer
+        for f in futures:
+            f.result()
+
+    def _read_runs(self, file_offs, buf_offs, lengths, expects) -> None:
+        fd, mv, path = self._fd, self._mv, self.table.file
+        for fo, bo, ln, ex in zip(file_offs, buf_offs, lengths, expects):
+            got = 0
+            try:
+                while got < ex:
+                    k = os.preadv(fd, [mv[bo + got:bo + ln]], fo + got)
+                    if k <= 0:
+                        raise SidecarIOError(
+                            f"short read from PLE table {path}: {got} of {ex} bytes at offset {fo} "
+                            f"(was the file truncated or replaced?)",
+                            path=str(path), actual=got, expected=ex, offset=fo,
+                        )
+                    got += k
+            except OSError as exc:
+                if isinstance(exc, SidecarIOError):
+                    raise
+                raise SidecarIOError(
+                    f"I/O error reading PLE table {path} at offset {fo} ({ln} bytes): {exc.strerror or exc}",
+                    path=str(path), offset=fo, os_errno=exc.errno,
+                ) from exc

@@ -198,6 +198,15 @@ def find_ple_shards(
                 f"{checkpoint}: PLE layer {layer} shards have shapes {sorted({i.shape for i in infos})}, "
                 f"expected 2-D [rows, columns] with one width", path=str(checkpoint), layer=layer,
             )
+        # Every shard before the last non-empty one has the first shard's row count.
+        size0 = infos[0].shape[0]
+        last = max((k for k, i in enumerate(infos) if i.shape[0] > 0), default=0)
+        for k, info in enumerate(infos):
+            if info.shape[0] > size0 or (k < last and info.shape[0] != size0):
+                raise SidecarCheckpointError(
+                    f"{info.file}: {info.name} has {info.shape[0]} rows, expected {size0} like shard_0",
+                    path=str(info.file), layer=layer, actual=info.shape[0], expected=size0,
+                )
         rows = sum(i.shape[0] for i in infos)
         size = math.ceil(rows / parts)
         for k, info in enumerate(infos):

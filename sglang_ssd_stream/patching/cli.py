@@ -30,7 +30,7 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
         "patch", help=f"apply, verify or revert this kit's {engine.name} source patches",
         description=f"Hash-verified source patches for {engine.name}.", epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    verbs = patch.add_subparsers(dest="verb", required=True, metavar="{status,verify,apply,revert}")
+    verbs = patch.add_subparsers(dest="verb", required=True, metavar="{status,verify,apply,revert,drift}")
     helps = {
         "status": "per file: pristine / patched / unknown / missing",
         "verify": "exit 0 only when every file is in the patched state",
@@ -48,6 +48,56 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
             p.add_argument("--dry-run", action="store_true", help="check and show what would change; write nothing")
         p.add_argument("--data-dir", metavar="DIR", help=argparse.SUPPRESS)  # maintainers/tests: other hashes/
         p.set_defaults(handler=lambda args, _e=engine.name: run_patch_command(args, _e))
+
+    d = verbs.add_parser(
+        "drift", help="classify each patch on other releases: identical / moved / upstream / conflict",
+        description="Fetch engine wheels without installing them and report, per patch and release, whether the "
+                    "patch still holds. Writes drift.md, drift.json and unreviewed candidate manifests to --out.")
+    d.add_argument("--release", action="append", default=[], metavar="X.Y.Z",
+                   help="release to check (repeatable); default: the pinned release and every newer one offered")
+    d.add_argument("--wheel", action="append", default=[], metavar="FILE", help="also check a local wheel file")
+    d.add_argument("--out", default="drift-report", metavar="DIR", help="report directory (default: drift-report)")
+    d.add_argument("--cache", metavar="DIR", help="wheel cache (default: ~/.cache/sglang-ssd-stream)")
+    d.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    d.add_argument("--data-dir", metavar="DIR", help=argparse.SUPPRESS)
+    d.set_defaults(handler=lambda args, _e=engine.name: run_drift_command(args, _e))
+
+
+def run_drift_command(args, engine_name: str) -> int:
+    import os
+
+    from packaging.version import Version
+
+    from .drift import drift_report, registry_releases
+    from .manifest import known_manifests
+
+    engine = ENGINES[engine_name]
+    root = Path(args.data_dir) if args.data_dir else None
+    try:
+        manifest = next((m for m in known_manifests(engine, root) if m.release == engine.pinned), None)
+        if manifest is None:
+            print(f"{engine.name}: no manifest for the pinned release {engine.pinned}", file=sys.stderr)
+            return 3
+        releases = list(args.release)
+        if not releases and not args.wheel:
+            try:
+                offered = registry_releases(engine.distribution)
+            except KitError as exc:
+                print(f"drift: SKIPPED, the package index is unreachable ({exc.message})")
+                return EXIT_OK
+            releases = sorted((r for r in offered if Version(r) >= Version(engine.pinned)), key=Version)
+        cache = Path(args.cache or os.environ.get("SSD_STREAM_CACHE")
+                     or Path.home() / ".cache" / "sglang-ssd-stream")
+        reports = drift_report(manifest, releases, cache, Path(args.out), [Path(w) for w in args.wheel])
+    except KitError as exc:
+        print(f"{engine.name}: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        print((Path(args.out) / "drift.json").read_text())
+    else:
+        print((Path(args.out) / "drift.md").read_text())
+        print(f"report written to {args.out}/")
+    return EXIT_OK
 
 
 def run_patch_command(args, engine_name: str) -> int:

@@ -19,6 +19,7 @@ _PATCH_ID = re.compile(r"^[0-9]{4}-[a-z0-9][a-z0-9-]*$")
 _MANIFEST_KEYS = {"engine", "release", "patches", "files"}
 _PATCH_KEYS = {"id", "order", "diff", "upstream"}
 _FILE_KEYS = {"path", "pristine", "patched", "patches"}
+_WATCH_KEYS = {"id", "path", "function", "sha256", "why"}
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,24 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class WatchEntry:
+    """Upstream code we rely on without patching it; drift reports when its source changes."""
+
+    id: str
+    path: str
+    function: str  # qualified name, e.g. "Scheduler.on_idle"
+    sha256: str  # of the function's exact source segment
+    why: str
+
+
+@dataclass(frozen=True)
 class Manifest:
     engine: Engine
     release: str
     patches: tuple[PatchEntry, ...]  # sorted by order
     files: tuple[FileEntry, ...]
     source: Path
+    watch: tuple[WatchEntry, ...] = ()
 
     def file(self, path: str) -> FileEntry:
         for f in self.files:
@@ -95,6 +108,7 @@ def load_manifest(path: Path) -> Manifest:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadKitData(f"manifest {path} is unreadable: {exc}") from None
     where = str(path)
+    watch_raw = raw.pop("watch", []) if isinstance(raw, dict) else []
     _require_keys(raw, _MANIFEST_KEYS, where)
     engine = ENGINES.get(raw["engine"])
     if engine is None:
@@ -140,7 +154,15 @@ def load_manifest(path: Path) -> Manifest:
     for p in patches:
         if not any(p.id in f.patches for f in files):
             raise BadKitData(f"{where}: patch {p.id} touches no file")
-    return Manifest(engine, release, tuple(patches), tuple(files), Path(path))
+    watch = []
+    for i, w in enumerate(watch_raw if isinstance(watch_raw, list) else [None]):
+        ww = f"{where}: watch[{i}]"
+        _require_keys(w, _WATCH_KEYS, ww)
+        rel = safe_relative_path(w["path"], package=engine.package, where=ww)
+        if not all(isinstance(w[k], str) and w[k] for k in ("id", "function", "why")):
+            raise BadKitData(f"{ww}: id, function and why must be non-empty strings")
+        watch.append(WatchEntry(w["id"], rel, w["function"], _sha(w["sha256"], ww), w["why"]))
+    return Manifest(engine, release, tuple(patches), tuple(files), Path(path), tuple(watch))
 
 
 def manifest_path(engine: Engine, release: str, root: Path | None = None) -> Path:

@@ -1,0 +1,52 @@
+"""Patch 0001 on the real sglang 0.5.23 install: RED on pristine, GREEN patched, then a byte-exact revert."""
+
+from __future__ import annotations
+
+from ..engine import outcomes_only
+
+CHECK = "tests/sglang/checks/check_0001_page_safe_truncation.py"
+
+# Each of these reproduces the bug on pristine sglang (assertion failures from the real code paths).
+RED = {
+    "test_seed_example_120_in_8_out",  # 90 + 0 instead of 82 + 8
+    "test_worker_input_limit_page_aligned[64]",
+    "test_worker_input_limit_page_aligned[512]",
+    "test_tokenizer_truncation_keeps_output_budget",
+    "test_scheduler_recomputes_budget_after_truncation",
+    "test_scheduler_guard_finishes_zero_budget_under_mtp",
+    "test_end_to_end_boundary_sweep",
+}
+# Regression guards: behaviour the patch must not change.
+GUARDS = {
+    "test_worker_input_limit_page_aligned[1]",
+    "test_scheduler_guard_keeps_explicit_zero_budget",
+    "test_auto_truncate_off_unchanged",
+}
+
+
+def test_red_on_pristine_green_when_patched(sglang):
+    sglang.ensure_pristine()
+    red = sglang.run_checks(CHECK)
+    assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]
+
+    sglang.ensure_patched()
+    green = sglang.run_checks(CHECK)
+    assert outcomes_only(green) == {t: "passed" for t in RED | GUARDS}, green["__output__"]
+
+
+def test_apply_verify_revert_on_the_real_install(sglang):
+    sglang.ensure_pristine()
+    pristine = {f["path"]: f["sha256"] for f in sglang.status()["files"]}
+    assert pristine == {f["path"]: f["pristine"] for f in sglang.status()["files"]}
+
+    applied = sglang.cli("apply")
+    assert applied.returncode == 0, applied.stderr
+    assert sglang.cli("verify").returncode == 0
+    again = sglang.cli("apply")
+    assert again.returncode == 0 and "already patched: nothing to do" in again.stdout
+
+    reverted = sglang.cli("revert")
+    assert reverted.returncode == 0, reverted.stderr
+    after = sglang.status()
+    assert {f["path"]: f["sha256"] for f in after["files"]} == pristine  # byte-exact, proven by hash
+    assert sglang.cli("verify").returncode == 1

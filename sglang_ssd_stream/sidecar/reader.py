@@ -49,6 +49,7 @@ DEFAULT_WORKERS = 8
 # Transient planning arrays per requested row (ids, offsets, sort order, pages, …); an upper bound.
 PLAN_BYTES_PER_ROW = 160
 _MIN_WAVE_PAGES = 1024  # small readers still get a 4 MiB buffer so a wave holds a whole decode batch
+_MAX_WAVE_ROWS = 16384  # rows scattered per wave (bounds the staging array)
 
 
 def rows_for_tokens(tokens: int, rows_per_token: int = ROWS_PER_TOKEN) -> int:
@@ -153,6 +154,8 @@ class SidecarReader:
                 )
         self._wave_pages = wave
         self._buffer_len = (wave + self._spill) * PAGE_SIZE
+        # Rows gathered per wave pass through a temporary of at most wave_rows x row_bytes.
+        self._wave_rows = max(1, min(self.max_rows, _MAX_WAVE_ROWS))
 
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         if self.direct:
@@ -203,8 +206,9 @@ class SidecarReader:
 
     @property
     def working_set_bytes(self) -> int:
-        """Fixed memory this reader uses: the page buffer plus the planning arrays for ``max_rows``."""
-        return self._buffer_len + self.max_rows * PLAN_BYTES_PER_ROW
+        """Memory this reader uses: the page buffer (allocated once) plus upper bounds for the
+        transient planning arrays of a ``max_rows`` lookup and one wave's gathered rows."""
+        return self._buffer_len + self.max_rows * PLAN_BYTES_PER_ROW + self._wave_rows * self.row_bytes
 
     @property
     def buffer_bytes(self) -> int:
@@ -345,8 +349,8 @@ class SidecarReader:
         ra = 0
         while ra < nrows:
             pa = int(fidx[ra])
-            rb_ = int(np.searchsorted(fidx, pa + self._wave_pages, side="left"))
-            pe = int(lidx[ra:rb_].max()) + 1  # <= pa + wave_pages + spill
+            rb_ = min(int(np.searchsorted(fidx, pa + self._wave_pages, side="left")), ra + self._wave_rows)
+            pe = int(lidx[rb_ - 1]) + 1  # lidx is non-decreasing; <= pa + wave_pages + spill
             self._read_pages(pages[pa:pe])
             boff = (fidx[ra:rb_] - pa) * P + in_page[ra:rb_]
             out[dst[ra:rb_]] = self._window[boff]

@@ -105,6 +105,27 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
     return out
 
 
+def cross_check(path: str | os.PathLike, tensors: dict[str, TensorInfo]) -> None:
+    """Confirm our header reading against the ``safetensors`` library (when installed).
+
+    The library is the reference implementation; if it disagrees about names, dtypes or shapes,
+    the file is refused rather than copied.
+    """
+    try:
+        from safetensors import safe_open
+    except ImportError:  # pragma: no cover - safetensors is a declared dependency
+        return
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            theirs = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+    except Exception as exc:  # the library raises SafetensorError and friends
+        raise SidecarCheckpointError(f"{path}: safetensors refuses the file ({exc})", path=str(path)) from exc
+    ours = {k: (TAG_OF[i.dtype], i.shape) for k, i in tensors.items()}
+    if theirs != ours:
+        diff = sorted(set(theirs.items()) ^ set(ours.items()))[:3]
+        raise SidecarCheckpointError(f"{path}: header disagrees with the safetensors library: {diff}", path=str(path))
+
+
 def read_tensor_bytes(info: TensorInfo) -> bytes:
     """Read one (small) tensor's raw bytes."""
     with open(info.file, "rb") as f:

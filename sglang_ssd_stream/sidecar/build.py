@@ -10,8 +10,9 @@ that points at a half-written table and a rerun starts clean. The PLE ``weight_s
 are copied to ``model-plefp8-scale.safetensors`` (unless the output is the checkpoint itself,
 which already holds them).
 
-Needs only the standard library and tqdm: safetensors headers are parsed directly, because
-numpy has no fp8/bf16 and the bytes are copied unchanged anyway.
+Needs no torch: safetensors headers are parsed directly (and cross-checked with the
+``safetensors`` library's ``safe_open``), because numpy has no fp8/bf16 and the bytes are
+copied unchanged anyway.
 """
 
 from __future__ import annotations
@@ -122,21 +123,21 @@ def _checkpoint_tensors(checkpoint: Path) -> dict[str, _safetensors.TensorInfo]:
         for name, fname in weight_map.items():
             if (SHARD_TENSOR.search(name) or SCALE_TENSOR.search(name)) and "mtp" not in name:
                 wanted.setdefault(fname, set()).add(name)
-        files = []
+        files: list[tuple[Path, set[str] | None]] = []
         for fname in sorted(wanted):
             p = Path(fname)
             if p.is_absolute() or ".." in p.parts:
                 raise SidecarCheckpointError(f"{index}: shard file {fname!r} leaves the checkpoint", path=str(index))
-            files.append(checkpoint / p)
+            files.append((checkpoint / p, wanted[fname]))
     else:
-        wanted = {}
-        files = sorted(checkpoint.glob("*.safetensors"))
+        files = [(f, None) for f in sorted(checkpoint.glob("*.safetensors"))]
     tensors: dict[str, _safetensors.TensorInfo] = {}
-    for f in files:
+    for f, only in files:
         if not f.is_file():
             raise SidecarCheckpointError(f"{f}: listed in {INDEX_NAME} but missing", path=str(f))
-        only = wanted.get(f.name) if wanted else None
-        for name, info in _safetensors.read_header(f).items():
+        header = _safetensors.read_header(f)
+        _safetensors.cross_check(f, header)
+        for name, info in header.items():
             if only is not None and name not in only:
                 continue
             if name in tensors:

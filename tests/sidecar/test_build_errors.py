@@ -135,3 +135,40 @@ def test_in_place_build_uses_the_checkpoint_scale(tmp_path):
         r.read_rows(ids, out)
     assert np.array_equal(out, ck.tables[1][ids])
     json.loads((ck.path / "ssd-stream.json").read_text())
+
+
+def test_damaged_safetensors_file(tmp_path):
+    import struct
+
+    ck = make_checkpoint(tmp_path / "ck", {1: ("float8_e4m3fn", 100, 16)}, parts=2, files=1)
+    f = ck.path / "model-00001-of-00001.safetensors"
+    data = bytearray(f.read_bytes())
+    f.write_bytes(struct.pack("<Q", 10**12) + data[8:])
+    with pytest.raises(SidecarCheckpointError, match="safetensors header length 1000000000000 is invalid"):
+        build_sidecar(ck.path, tmp_path / "out", progress=False)
+    f.write_bytes(bytes(data[: len(data) - 50]))  # tensor bytes cut off
+    with pytest.raises(SidecarCheckpointError, match="does not fit shape"):
+        build_sidecar(ck.path, tmp_path / "out", progress=False)
+
+
+def test_index_naming_a_missing_file(tmp_path):
+    ck = make_checkpoint(tmp_path / "ck", {1: ("float8_e4m3fn", 100, 16)}, parts=2, files=2)
+    (ck.path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(SidecarCheckpointError, match="listed in model.safetensors.index.json but missing"):
+        build_sidecar(ck.path, tmp_path / "out", progress=False)
+
+
+def test_safetensors_library_has_the_last_word(tmp_path):
+    """A header our parser would accept but the reference library refuses (a gap between tensors)."""
+    import struct
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    name = "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.shard_0.weight"
+    header = {name: {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": [8, 24]}}
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    (ck / "model.safetensors").write_bytes(struct.pack("<Q", len(hb)) + hb + bytes(24))
+    (ck / "config.json").write_text(json.dumps({"split_ngram_parts": 1}))
+    with pytest.raises(SidecarCheckpointError, match="safetensors refuses the file"):
+        build_sidecar(ck, tmp_path / "out", progress=False)

@@ -299,7 +299,7 @@ def build_sidecar(
         SidecarCheckpointError: unusable checkpoint; RefusedSourceState: ``output`` already has
         a sidecar and ``force`` is off; EnvironmentProblem: not enough disk space or an I/O error.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     t0 = time.monotonic()
     checkpoint = Path(checkpoint)

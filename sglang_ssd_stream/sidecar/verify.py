@@ -103,7 +103,7 @@ def _write_cache(path: Path, entries: dict) -> None:
 def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, progress: bool = True,
                 desc: str | None = None) -> str:
     """Streaming SHA-256 of a file with a tqdm progress bar (stderr)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     h = hashlib.sha256()
     buf = bytearray(HASH_CHUNK)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -57,6 +58,8 @@ def test_io_error_mid_read_fails_closed(table, ref, monkeypatch, workers, fail_o
         r.read_rows(ids, out)
     assert isinstance(info.value, EnvironmentProblem) and info.value.os_errno == errno.EIO
     assert info.value.exit_code == 4
+    again = pickle.loads(pickle.dumps(info.value))  # crosses from a worker process intact
+    assert type(again) is SidecarIOError and str(again) == str(info.value) and again.os_errno == errno.EIO
     monkeypatch.setattr(reader_mod.os, "preadv", real)  # the disk "recovers"; the reader must not
     assert not r.usable
     for _ in range(2):

@@ -5,8 +5,9 @@ The checkpoint stores each PLE table split into ``split_ngram_parts`` (default 5
 rows each (the last ones shorter or absent), in fp8 (``F8_E4M3``) or bf16. The builder copies
 them byte for byte, shard by shard through one 8 MiB buffer (bounded RAM), into
 ``ple/layer-{L}.bin``, hashing as it writes; tables go to ``.partial`` files renamed only when
-complete, and ``ssd-stream.json`` is written last, so an interrupted build leaves no manifest
-that points at a half-written table and a rerun starts clean. The PLE ``weight_scale`` tensors
+all are complete, and ``ssd-stream.json`` is written last, so an interrupted build never leaves
+a manifest that points at a half-written table, a failed ``--force`` rebuild leaves the old
+sidecar as it was (unless it fails in the final renames), and a rerun starts clean. The PLE ``weight_scale`` tensors
 are copied to ``model-plefp8-scale.safetensors`` (unless the output is the checkpoint itself,
 which already holds them).
 
@@ -334,17 +335,11 @@ def build_sidecar(
     (out_dir / "ple").mkdir(parents=True, exist_ok=True)
 
     total = sum(s.bytes for s in sources.values())
-    # Space: what we write, minus final tables we will replace.
-    reclaim = sum((out_dir / table_name(l)).stat().st_size for l in sources if (out_dir / table_name(l)).is_file())
+    # New tables are written next to any old ones (which stay usable until the very end).
     free = shutil.disk_usage(out_dir).free
-    if free + reclaim < total:
+    if free < total:
         raise EnvironmentProblem(
             f"{out_dir}: the sidecar needs {total} bytes, but only {free} bytes are free")
-
-    if manifest_path.exists() or manifest_path.is_symlink():
-        # Remove the old manifest first: no moment where it describes tables being rewritten.
-        manifest_path.unlink()
-        _fsync_dir(out_dir)
 
     partials: list[Path] = []
     digests: dict[int, str] = {}
@@ -357,6 +352,10 @@ def build_sidecar(
                 partial = final.with_name(f".{final.name}.partial")
                 partials.append(partial)
                 digests[layer] = _copy_layer(src, partial, buf, bar)
+        if manifest_path.exists() or manifest_path.is_symlink():
+            # The old manifest goes before its tables are replaced: it never describes new bytes.
+            manifest_path.unlink()
+            _fsync_dir(out_dir)
         for layer in sources:
             final = out_dir / table_name(layer)
             os.replace(final.with_name(f".{final.name}.partial"), final)

@@ -103,12 +103,32 @@ def test_interrupted_build_leaves_no_manifest_and_reruns_clean(tmp_path, monkeyp
         assert res.manifest.table(layer).file.read_bytes() == ck.tables[layer].tobytes()
 
 
-def test_forced_rebuild_removes_old_manifest_first(small, monkeypatch):
+def test_failed_forced_rebuild_keeps_the_old_sidecar(small, monkeypatch, tmp_path):
+    from sglang_ssd_stream.sidecar import verify_sidecar
+
     ck, art = small
+    before = {p.relative_to(art): p.read_bytes() for p in art.rglob("*") if p.is_file()}
     monkeypatch.setattr(build_mod, "_copy_layer", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "EIO")))
-    with pytest.raises(EnvironmentProblem):
+    with pytest.raises(EnvironmentProblem, match="EIO"):
         build_sidecar(ck.path, art, force=True, progress=False)
-    # the old manifest must not survive to describe tables that were being replaced
+    after = {p.relative_to(art): p.read_bytes() for p in art.rglob("*") if p.is_file()}
+    assert after == before  # nothing lost, no partial files left
+    assert verify_sidecar(art, use_cache=False, progress=False, cache_dir=tmp_path / "c").ok
+
+
+def test_forced_rebuild_drops_the_old_manifest_before_replacing_tables(small, monkeypatch):
+    ck, art = small
+    real_replace = build_mod.os.replace
+
+    def crash_on_table_rename(src, dst):
+        if str(dst).endswith(".bin"):
+            assert not (art / "ssd-stream.json").exists()  # the old manifest is already gone
+            raise OSError(errno.EIO, "rename failed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(build_mod.os, "replace", crash_on_table_rename)
+    with pytest.raises(EnvironmentProblem, match="rename failed"):
+        build_sidecar(ck.path, art, force=True, progress=False)
     assert not (art / "ssd-stream.json").exists()
 
 

@@ -1,13 +1,13 @@
 #!/bin/sh
 # Create (once) and print the path of a cached venv holding the pinned engine, for tests and CI.
-# Usage: scripts/engine-venv.sh sglang|vllm
+# Usage: scripts/engine-venv.sh sglang|vllm [release]   (default: the pinned release)
 # Cache key: engine, pinned release, Python minor version; an interrupted build lacks .complete
 # and is rebuilt. sglang and vllm pin clashing torch versions, hence one venv each.
 set -eu
 engine=$1
 repo=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
-pin=$("$py" "$repo/sglang_ssd_stream/patching/engines.py" "$engine")
+pin=${2:-$("$py" "$repo/sglang_ssd_stream/patching/engines.py" "$engine")}
 pyver=$("$py" -c 'import sys; print("%d%d" % sys.version_info[:2])')
 cache=${SSD_STREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sglang-ssd-stream}
 venv="$cache/venvs/$engine-$pin-py$pyver"

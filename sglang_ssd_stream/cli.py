@@ -17,26 +17,22 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from .patching.cli import add_patch_commands
+    from .sidecar.cli import add_sidecar_commands
 
     parser = _Parser(prog="sglang-ssd-stream",
                      description="Patches and PLE streaming for Qwen3.8 Flash-Next on SGLang.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_patch_commands(sub, "sglang")
-    try:
-        from .sidecar.cli import add_sidecar_commands
-    except ImportError:  # the sidecar package lands separately; the patch commands must not depend on it
-        pass
-    else:
-        sidecar = sub.add_parser("sidecar", help="build and verify PLE sidecars")
-        add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=_Parser))
+    sidecar = sub.add_parser("sidecar", help="build and verify PLE sidecars")
+    add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=_Parser))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        return args.func(args)
     except KitError as exc:
         print(f"sglang-ssd-stream: {exc.message}", file=sys.stderr)
         return exc.exit_code

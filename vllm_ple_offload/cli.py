@@ -22,7 +22,7 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        return args.func(args)
     except KitError as exc:
         print(f"vllm-ple-offload: {exc.message}", file=sys.stderr)
         return exc.exit_code

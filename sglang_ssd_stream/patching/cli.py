@@ -47,7 +47,7 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
         if verb in ("apply", "revert"):
             p.add_argument("--dry-run", action="store_true", help="check and show what would change; write nothing")
         p.add_argument("--data-dir", metavar="DIR", help=argparse.SUPPRESS)  # maintainers/tests: other hashes/
-        p.set_defaults(handler=lambda args, _e=engine.name: run_patch_command(args, _e))
+        p.set_defaults(func=lambda args, _e=engine.name: run_patch_command(args, _e))
 
     d = verbs.add_parser(
         "drift", help="classify each patch on other releases: identical / moved / upstream / conflict",
@@ -60,7 +60,7 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
     d.add_argument("--cache", metavar="DIR", help="wheel cache (default: ~/.cache/sglang-ssd-stream)")
     d.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     d.add_argument("--data-dir", metavar="DIR", help=argparse.SUPPRESS)
-    d.set_defaults(handler=lambda args, _e=engine.name: run_drift_command(args, _e))
+    d.set_defaults(func=lambda args, _e=engine.name: run_drift_command(args, _e))
 
 
 def run_drift_command(args, engine_name: str) -> int:

@@ -1,0 +1,27 @@
+"""Runs inside the sglang venv: the real load_plugins() with our entry point selected.
+
+EXPECT=start   load_plugins() returns and our plugin ran (knob applied)
+EXPECT=refuse  load_plugins() raises SystemExit naming the fix
+"""
+
+import os
+
+import pytest
+
+
+def test_guard():
+    from sglang.srt.plugins import load_plugins
+
+    import sglang_ssd_stream.plugin as plugin
+
+    if os.environ["EXPECT"] == "refuse":
+        with pytest.raises(SystemExit) as exc:
+            load_plugins()
+        assert os.environ["EXPECT_MESSAGE"] in str(exc.value)
+        assert not plugin._registered
+    else:
+        load_plugins()
+        assert plugin._registered
+        from sglang.srt.layers.attention.qsa import qsa_indexer
+
+        assert qsa_indexer._QSA_PREFILL_LOGITS_BUDGET_BYTES == int(os.environ["EXPECT_BUDGET_MB"]) << 20

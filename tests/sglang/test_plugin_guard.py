@@ -1,0 +1,34 @@
+"""Our SGLang plugin, loaded by the real load_plugins(), refuses to run on an engine it cannot vouch for."""
+
+from __future__ import annotations
+
+from ..engine import outcomes_only
+
+CHECK = "tests/sglang/checks/check_plugin_guard.py"
+BASE = {"SGLANG_PLUGINS": "ssd_stream"}
+
+
+def _run(sglang, **env):
+    result = sglang.run_checks(CHECK, extra_env={**BASE, **env})
+    assert outcomes_only(result) == {"test_guard": "passed"}, result["__output__"]
+
+
+def test_pristine_engine_is_refused(sglang):
+    sglang.ensure_pristine()
+    _run(sglang, EXPECT="refuse", EXPECT_MESSAGE="sglang source is not in the patched state")
+
+
+def test_pristine_engine_allowed_explicitly(sglang):
+    sglang.ensure_pristine()
+    _run(sglang, EXPECT="start", EXPECT_BUDGET_MB="128", SGLANG_SSD_STREAM_ALLOW_UNPATCHED="1")
+
+
+def test_patched_engine_starts_with_knob(sglang):
+    sglang.ensure_patched()
+    _run(sglang, EXPECT="start", EXPECT_BUDGET_MB="32", SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB="32")
+
+
+def test_bad_knob_stops_the_process(sglang):
+    sglang.ensure_patched()
+    _run(sglang, EXPECT="refuse", EXPECT_MESSAGE="is not an integer number of MiB",
+         SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB="32MB")

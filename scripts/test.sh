@@ -28,7 +28,16 @@ for suite in $suites; do
         sglang)
             sg=$(scripts/engine-venv.sh sglang)
             echo "== sglang venv: $sg"
-            HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg "$sg" -m pytest tests -m "not vllm" "$@" || status=1 ;;
+            # Every other release with a manifest gets a source-overlay venv for its RED/GREEN tests.
+            pinned=$(python3 sglang_ssd_stream/patching/engines.py sglang)
+            others=""
+            for m in hashes/sglang-*.json; do
+                r=${m#hashes/sglang-}; r=${r%.json}
+                [ "$r" = "$pinned" ] && continue
+                others="$others $r=$(scripts/engine-venv.sh sglang "$r")"
+            done
+            HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg SSD_STREAM_SGLANG_RELEASES=$others \
+                "$sg" -m pytest tests -m "not vllm" "$@" || status=1 ;;
         vllm)
             vl=$(scripts/engine-venv.sh vllm)
             echo "== vllm venv: $vl"

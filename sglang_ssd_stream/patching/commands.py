@@ -83,7 +83,9 @@ def _patched_bytes(manifest: Manifest, entry, pristine: bytes) -> bytes:
         parsed = load_patch(manifest.diff_path(patch), patch.id)
         if entry.path not in parsed.files:
             raise BadKitData(f"patch {patch.id}: its diff does not touch {entry.path}, but the manifest says it does")
-        data, _ = apply_file(data, parsed.files[entry.path], path=entry.path)
+        # Exact context, no fuzz; a hunk may sit at another offset in another release (one diff serves
+        # several releases). The pristine hash before and the patched hash after make the result exact.
+        data, _ = apply_file(data, parsed.files[entry.path], path=entry.path, find_offsets=True)
     got = sha256_bytes(data)
     if got != entry.patched:
         raise BadKitData(f"applying {', '.join(entry.patches)} to {entry.path} gives SHA-256 {got}, but the "

@@ -1,6 +1,10 @@
+import os
+
 import pytest
 
-from ..engine import engine_venv
+from sglang_ssd_stream.patching.engines import ENGINES
+
+from ..engine import EngineVenv, engine_venv
 
 
 def pytest_collection_modifyitems(items):
@@ -9,9 +13,34 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.sglang)
 
 
+def _other_releases() -> dict[str, str]:
+    """``SSD_STREAM_SGLANG_RELEASES="0.5.22=/venv/bin/python ..."`` (set by scripts/test.sh)."""
+    pairs = (item.split("=", 1) for item in os.environ.get("SSD_STREAM_SGLANG_RELEASES", "").split())
+    return {release: python for release, python in pairs}
+
+
 @pytest.fixture(scope="session")
 def sglang():
+    """The pinned release's venv, pristine before and after the session."""
     eng = engine_venv("sglang")
     eng.ensure_pristine()
     yield eng
     eng.ensure_pristine()  # leave the cached venv as we found it
+
+
+def pytest_generate_tests(metafunc):
+    if "sglang_release" in metafunc.fixturenames:
+        releases = [ENGINES["sglang"].pinned, *sorted(_other_releases())]
+        metafunc.parametrize("sglang_release", releases, indirect=True)
+
+
+@pytest.fixture
+def sglang_release(request, sglang):
+    """Each supported release: the pinned venv, or a source-overlay venv of an older release."""
+    if request.param == ENGINES["sglang"].pinned:
+        yield sglang
+        return
+    eng = EngineVenv("sglang", _other_releases()[request.param])
+    eng.ensure_pristine()
+    yield eng
+    eng.ensure_pristine()

@@ -24,7 +24,8 @@ GUARDS = {
 }
 
 
-def test_red_on_pristine_green_when_patched(sglang):
+def test_red_on_pristine_green_when_patched(sglang_release):
+    sglang = sglang_release
     sglang.ensure_pristine()
     red = sglang.run_checks(CHECK)
     assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]
@@ -34,7 +35,8 @@ def test_red_on_pristine_green_when_patched(sglang):
     assert outcomes_only(green) == {t: "passed" for t in RED | GUARDS}, green["__output__"]
 
 
-def test_apply_verify_revert_on_the_real_install(sglang):
+def test_apply_verify_revert_on_the_real_install(sglang_release):
+    sglang = sglang_release
     sglang.ensure_pristine()
     pristine = {f["path"]: f["sha256"] for f in sglang.status()["files"]}
     assert pristine == {f["path"]: f["pristine"] for f in sglang.status()["files"]}
@@ -50,3 +52,15 @@ def test_apply_verify_revert_on_the_real_install(sglang):
     after = sglang.status()
     assert {f["path"]: f["sha256"] for f in after["files"]} == pristine  # byte-exact, proven by hash
     assert sglang.cli("verify").returncode == 1
+
+
+def test_every_manifest_release_is_tested():
+    """A release with a manifest is supported only if its RED/GREEN run is part of this suite."""
+    import os
+
+    from sglang_ssd_stream.patching.engines import ENGINES
+    from sglang_ssd_stream.patching.manifest import known_manifests
+
+    tested = {ENGINES["sglang"].pinned} | {i.split("=")[0] for i in os.environ.get(
+        "SSD_STREAM_SGLANG_RELEASES", "").split()}
+    assert {m.release for m in known_manifests(ENGINES["sglang"])} <= tested

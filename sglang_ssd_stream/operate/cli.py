@@ -1,0 +1,335 @@
+"""argparse mounting: ``add_operate_commands(subparsers, engine)`` adds serve, plan, service,
+update-model (sglang) and validate. Handlers return exit codes and raise KitError subclasses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..errors import EXIT_OK, EXIT_USAGE
+
+DEFAULT_MODEL_REPO = "garnermccloud/Qwen3.8-Flash-Next-NVFP4-SSD-Stream"  # the prepared snapshot of write-up 000
+
+
+def _api_key(args) -> str | None:
+    if getattr(args, "api_key_file", None):
+        from ..errors import EnvironmentProblem
+
+        try:
+            return Path(args.api_key_file).read_text().strip() or None
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot read --api-key-file {args.api_key_file}: {exc.strerror}") from None
+    return getattr(args, "api_key", None)
+
+
+def _resolve_model(args) -> tuple[str, str | None]:
+    from .errors import ServeRefused
+    from .update import default_data_dir, read_state
+
+    model = args.model
+    if model is None:
+        state = read_state(args.data_dir or default_data_dir())
+        if state is None:
+            raise ServeRefused("no --model and no state.json in the data dir; run update-model or pass --model")
+        model = state["snapshot"]
+    model = os.path.abspath(model)
+    draft = args.draft if getattr(args, "draft", None) else os.path.join(model, "mtp")
+    return model, os.path.abspath(draft)
+
+
+def cmd_serve(args, exec_fn=None) -> int:
+    from .launch import build_launch
+    from .preflight import preflight
+    from .profiles import get_profile
+
+    profile = get_profile(args.profile, args.engine)
+    model, draft = _resolve_model(args)
+    launch = build_launch(profile, model=model, draft=draft if profile.needs_draft else None, host=args.host,
+                          port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
+                          allow_unauthenticated=args.allow_unauthenticated, extra=args.extra)
+    preflight(profile, model, draft if profile.needs_draft else None, launch.env)
+    if args.dry_run:
+        print(launch.shell())
+        return EXIT_OK
+    sys.stdout.flush()
+    sys.stderr.flush()
+    (exec_fn or os.execvpe)(launch.argv[0], launch.argv, launch.env)
+    return EXIT_OK  # only reached with an injected exec
+
+
+def _profile_defaults(profile) -> dict:
+    def get(*flags, default=None):
+        for f in flags:
+            if profile.has(f):
+                return profile.value(f)
+        return default
+
+    spec = json.loads(get("--speculative-config", default="{}"))
+    return {
+        "context_length": int(get("--context-length", "--max-model-len")),
+        "pool_tokens": int(get("--max-total-tokens")) if profile.has("--max-total-tokens") else None,
+        "running": int(get("--max-running-requests", "--max-num-seqs")),
+        "draft_steps": int(get("--speculative-num-steps", default=spec.get("num_speculative_tokens", 0))),
+        "mamba_slots": int(get("--max-mamba-cache-size")) if profile.has("--max-mamba-cache-size") else None,
+        "target_kv_dtype": get("--kv-cache-dtype", default="bfloat16"),
+        "draft_kv_dtype": get("--speculative-draft-kv-cache-dtype", "--kv-cache-dtype", default="bfloat16"),
+        "page_size": int(get("--page-size", default=1)),
+        "mem_fraction": float(get("--mem-fraction-static", "--gpu-memory-utilization")),
+        "tensor_parallel": int(get("--tensor-parallel-size", default=1)),
+    }
+
+
+def cmd_plan(args) -> int:
+    from .capacity import load_geometry, plan, render, sessions_of, weights_bytes
+    from .profiles import get_profile
+
+    d = _profile_defaults(get_profile(args.profile, args.engine))
+    for key in ("context_length", "pool_tokens", "running", "draft_steps", "mamba_slots", "target_kv_dtype",
+                "draft_kv_dtype", "page_size", "mem_fraction", "tensor_parallel"):
+        v = getattr(args, key, None)
+        if v is not None:
+            d[key] = v
+    weights = args.weights_gib
+    if args.device_memory_gib is not None and weights is None:
+        weights = weights_bytes(args.model) / (1 << 30)
+        if args.draft:
+            weights += weights_bytes(args.draft) / (1 << 30)
+    mem = {} if args.device_memory_gib is None else {"device_memory_gib": args.device_memory_gib,
+                                                     "mem_fraction": d["mem_fraction"], "weights_gib": weights}
+    d.pop("mem_fraction")
+    p = plan(load_geometry(args.model), **d, **mem)
+    if args.json:
+        doc = p.to_json()
+        doc["sessions"] = {str(n): sessions_of(p, n) for n in args.sessions or ()}
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    print(render(p))
+    for n in args.sessions or ():
+        print(f"sessions of {n:,} tokens at once: {sessions_of(p, n)}")
+    return EXIT_OK
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    from .update import write_text_atomic
+
+    write_text_atomic(output, text)
+    print(f"wrote {output}", file=sys.stderr)
+
+
+def cmd_service(args) -> int:
+    from .profiles import get_profile
+    from .service import render_compose, render_systemd
+
+    profile = get_profile(args.profile, args.engine)
+    if args.engine == "vllm":
+        text = render_compose(profile, service=args.name, image=args.image, model_dir=os.path.abspath(args.model),
+                              cache_dir=os.path.abspath(args.cache_dir), port=args.port, publish=args.publish,
+                              require_api_key=args.require_api_key, allow_unauthenticated=args.allow_unauthenticated,
+                              served_names=tuple(args.served_name or ()), gpus=tuple(args.gpus.split(",")),
+                              chat_template=os.path.abspath(args.chat_template) if args.chat_template else None)
+        _emit(text, args.output)
+        return EXIT_OK
+    from .launch import check_exposure
+
+    check_exposure(args.host, args.api_key_file, args.allow_unauthenticated)
+    exe = args.cli or os.path.join(os.path.dirname(sys.executable), "sglang-ssd-stream")
+    argv = [exe, "serve", "--profile", profile.name, "--model", os.path.abspath(args.model), "--host", args.host]
+    if args.draft:
+        argv += ["--draft", os.path.abspath(args.draft)]
+    if args.port:
+        argv += ["--port", str(args.port)]
+    if args.api_key_file:
+        argv += ["--api-key-file", os.path.abspath(args.api_key_file)]
+    elif args.allow_unauthenticated:
+        argv += ["--allow-unauthenticated"]
+    for n in args.served_name or ():
+        argv += ["--served-name", n]
+    home = args.home or os.path.expanduser(f"~{args.user}")
+    env = {"SGLANG_SSD_STREAM_HOME": args.data_dir} if args.data_dir else {}
+    text = render_systemd(name=args.name, description=f"Qwen3.8 Flash-Next on SGLang ({profile.name} profile)",
+                          user=args.user, group=args.group, workdir=args.workdir or home, home=home, exec_argv=argv,
+                          environment=env)
+    _emit(text, args.output)
+    return EXIT_OK
+
+
+def cmd_update_model(args) -> int:
+    from .update import default_data_dir, update_model
+
+    r = update_model(args.data_dir or default_data_dir(), args.repo, args.revision, progress=not args.quiet)
+    if r.changed:
+        print(f"Model updated: {r.old_revision or '(none)'} -> {r.new_revision}")
+        print(f"snapshot: {r.snapshot} (older snapshots are kept; state.json's history lists them)")
+    else:
+        print(f"Model is current: {r.repo}@{r.new_revision}")
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from .errors import ValidationFailed
+    from .validate.runner import run_validation
+    from .validate.suites import SUITES, Settings
+
+    suites = [s for item in (args.suite or [",".join(SUITES)]) for s in item.split(",") if s]
+    bad = [s for s in suites if s not in SUITES]
+    if bad:
+        print(f"validate: unknown suite(s) {', '.join(bad)}; known: {', '.join(SUITES)}", file=sys.stderr)
+        return EXIT_USAGE
+    context = args.context_length or _served_context(args)
+    settings = Settings(context_length=context, pool_tokens=args.pool_tokens, answer_tokens=args.answer_tokens,
+                        truncation_max_tokens=args.truncation_max_tokens, cycles=args.cycles, turns=args.turns,
+                        soak_tokens=args.soak_tokens, continue_tokens=args.continue_tokens,
+                        compact_tokens=args.compact_tokens, turn_tokens=args.turn_tokens,
+                        canary_tokens=args.canary_tokens, kv_zero_wait_s=args.kv_wait,
+                        lengths=tuple(args.lengths) if args.lengths else None, progress=not args.quiet)
+    results = run_validation(args.url, args.model, settings, suites=suites, out_dir=args.out, api_key=_api_key(args),
+                             timeout_s=args.timeout)
+    for name, r in results["suites"].items():
+        print(f"{name}: {r['status']}")
+    print(f"report: {results['files']['markdown']}")
+    if results["status"] != "pass":
+        raise ValidationFailed(f"validation failed ({results.get('aborted') or 'see the report'}); "
+                               f"{results['files']['markdown']}")
+    return EXIT_OK
+
+
+def _served_context(args) -> int:
+    """``max_model_len`` from /v1/models (sglang and vLLM report it); refused when absent."""
+    from .errors import ServerUnreachable
+    from .validate.client import Client
+
+    c = Client(args.url, args.model, api_key=_api_key(args), timeout_s=10)
+    try:
+        models = c.models()
+    except Exception as exc:  # noqa: BLE001
+        raise ServerUnreachable(f"{args.url}/models failed ({exc}); pass --context-length") from None
+    finally:
+        c.close()
+    for m in models:
+        if m.get("id") == args.model and m.get("max_model_len"):
+            return int(m["max_model_len"])
+    raise ServerUnreachable(f"{args.url} does not report max_model_len for {args.model!r}; pass --context-length")
+
+
+def add_operate_commands(subparsers, engine: str) -> dict[str, argparse.ArgumentParser]:
+    """Add the operate commands for ``engine`` ("sglang" or "vllm"); returns the parsers by name."""
+    from .profiles import profiles_for
+
+    if engine not in ("sglang", "vllm"):
+        raise ValueError(f"engine must be 'sglang' or 'vllm', got {engine!r}")
+    names = profiles_for(engine)
+    parsers = {}
+
+    s = subparsers.add_parser("serve", help="run the engine with a launch profile (preflight, then exec)")
+    s.add_argument("--profile", required=True, choices=names)
+    s.add_argument("--model", help="model directory (default: the snapshot in the data dir's state.json)")
+    if engine == "sglang":
+        s.add_argument("--draft", help="NEXTN draft (MTP) directory (default: <model>/mtp)")
+    s.add_argument("--data-dir", help="data dir holding state.json (default: $SGLANG_SSD_STREAM_HOME)")
+    _net_args(s)
+    s.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
+    s.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra engine arguments")
+    s.set_defaults(func=cmd_serve, engine=engine)
+    parsers["serve"] = s
+
+    p = subparsers.add_parser("plan", help="capacity plan: KV per token, pool, Mamba slots, memory fit")
+    p.add_argument("--profile", required=True, choices=names, help="take flag values from this profile")
+    p.add_argument("--model", required=True, help="model directory or its config.json")
+    p.add_argument("--draft", help="draft directory (its weights count when computing the memory fit)")
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--max-total-tokens", type=int, dest="pool_tokens")
+    p.add_argument("--max-running-requests", type=int, dest="running")
+    p.add_argument("--speculative-num-steps", type=int, dest="draft_steps")
+    p.add_argument("--max-mamba-cache-size", type=int, dest="mamba_slots")
+    p.add_argument("--kv-cache-dtype", dest="target_kv_dtype")
+    p.add_argument("--draft-kv-cache-dtype", dest="draft_kv_dtype")
+    p.add_argument("--page-size", type=int)
+    p.add_argument("--tensor-parallel-size", type=int, dest="tensor_parallel")
+    p.add_argument("--mem-fraction", type=float, help="static memory fraction (default: the profile's)")
+    p.add_argument("--device-memory-gib", type=float, help="memory the engine sees per device, GiB")
+    p.add_argument("--weights-gib", type=float, help="resident weights per device (default: from the index)")
+    p.add_argument("--sessions", type=int, action="append", metavar="TOKENS",
+                   help="how many sessions of this many tokens fit at once (repeatable)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan, engine=engine)
+    parsers["plan"] = p
+
+    v = subparsers.add_parser("service", help="write a systemd unit" if engine == "sglang" else "write a compose file")
+    v.add_argument("--profile", required=True, choices=names)
+    v.add_argument("--model", required=True, help="model directory")
+    v.add_argument("--served-name", action="append", help="served model name alias (repeatable on vLLM)")
+    v.add_argument("--port", type=int)
+    v.add_argument("--allow-unauthenticated", action="store_true")
+    v.add_argument("-o", "--output", help="file to write (default: stdout)")
+    if engine == "sglang":
+        v.add_argument("--name", default="qwen38-ssd-stream", help="unit and syslog identifier")
+        v.add_argument("--user", required=True)
+        v.add_argument("--group")
+        v.add_argument("--home")
+        v.add_argument("--workdir")
+        v.add_argument("--draft")
+        v.add_argument("--data-dir")
+        v.add_argument("--host", default="127.0.0.1")
+        v.add_argument("--api-key-file")
+        v.add_argument("--cli", help="path of sglang-ssd-stream (default: next to this Python)")
+    else:
+        v.add_argument("--name", default="vllm_qwen3_8_flash_next")
+        v.add_argument("--image", required=True, help="vLLM image with this kit installed")
+        v.add_argument("--cache-dir", required=True, help="host directory for /root/.cache")
+        v.add_argument("--publish", default="127.0.0.1", help="host address the port is published on")
+        v.add_argument("--require-api-key", action="store_true", help="take VLLM_API_KEY from the host environment")
+        v.add_argument("--gpus", default="0,1,2,3")
+        v.add_argument("--chat-template")
+    v.set_defaults(func=cmd_service, engine=engine)
+    parsers["service"] = v
+
+    if engine == "sglang":
+        u = subparsers.add_parser("update-model", help="download, verify and switch to a prepared snapshot")
+        u.add_argument("--repo", default=DEFAULT_MODEL_REPO)
+        u.add_argument("--revision", required=True, help="commit, tag or branch (the commit is what gets pinned)")
+        u.add_argument("--data-dir")
+        u.add_argument("-q", "--quiet", action="store_true")
+        u.set_defaults(func=cmd_update_model, engine=engine)
+        parsers["update-model"] = u
+
+    val = subparsers.add_parser("validate", help="run the validation suites against a running server")
+    val.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    val.add_argument("--model", required=True, help="served model name")
+    val.add_argument("--suite", action="append", help="needle,truncation,soak,matrix,canary (default: all)")
+    val.add_argument("--context-length", type=int, help="default: max_model_len from /v1/models")
+    val.add_argument("--pool-tokens", type=int, help="shared KV pool for the soak (default: the context)")
+    val.add_argument("--lengths", type=int, nargs="+", help="needle prompt lengths (default: 1/8 .. 1 of the context)")
+    val.add_argument("--answer-tokens", type=int, default=64)
+    val.add_argument("--truncation-max-tokens", type=int, default=8)
+    val.add_argument("--cycles", type=int, default=3)
+    val.add_argument("--soak-tokens", type=int)
+    val.add_argument("--continue-tokens", type=int, default=1024)
+    val.add_argument("--compact-tokens", type=int, default=4096)
+    val.add_argument("--turns", type=int, default=8)
+    val.add_argument("--turn-tokens", type=int, default=512)
+    val.add_argument("--canary-tokens", type=int, default=256)
+    val.add_argument("--kv-wait", type=float, default=30.0, help="seconds to wait for KV to drain")
+    val.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    val.add_argument("--api-key")
+    val.add_argument("--api-key-file")
+    val.add_argument("--out", default="validate-report")
+    val.add_argument("-q", "--quiet", action="store_true")
+    val.set_defaults(func=cmd_validate, engine=engine)
+    parsers["validate"] = val
+    return parsers
+
+
+def _net_args(s) -> None:
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int)
+    s.add_argument("--api-key")
+    s.add_argument("--api-key-file", help="file holding the API key (keeps it out of shell history)")
+    s.add_argument("--allow-unauthenticated", action="store_true",
+                   help="allow a non-loopback bind without an API key (e.g. behind an authenticating proxy)")
+    s.add_argument("--served-name", action="append", help="served model name alias for existing clients")

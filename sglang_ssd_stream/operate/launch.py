@@ -1,0 +1,139 @@
+"""Turn a profile into the exact engine command line and environment; ``serve`` execs it."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ServeRefused
+from .profiles import DRAFT, FORBIDDEN_ENV, MODEL, Profile
+
+# Flags serve owns: letting `-- extra` set them would bypass the bind/key check or the preflight.
+OWNED_FLAGS = frozenset({"--host", "--port", "--api-key", "--served-model-name", "--model-path", "--model",
+                         "--speculative-draft-model-path", "--speculative-draft-model"})
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str]  # the complete environment for exec
+    profile_env: dict[str, str]  # what the profile set (shown by --dry-run)
+
+    def shell(self) -> str:
+        """The command as one shell line, API key masked."""
+        shown, mask = [], False
+        for a in self.argv:
+            shown.append("'***'" if mask else shlex.quote(a))
+            mask = a == "--api-key"
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.profile_env.items())
+        return (prefix + " " if prefix else "") + " ".join(shown)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname may resolve anywhere
+
+
+def check_exposure(host: str, api_key: str | None, allow_unauthenticated: bool) -> None:
+    if not is_loopback(host) and not api_key and not allow_unauthenticated:
+        raise ServeRefused(
+            f"refusing to bind {host} without an API key: anyone who can reach it can use the model. "
+            "Pass --api-key/--api-key-file, bind 127.0.0.1, or --allow-unauthenticated if a proxy guards it")
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def merge_extra(args: list[tuple[str, str | None]], extra: list[str]) -> list[tuple[str, str | None]]:
+    """Drop profile flags that ``extra`` sets again (the engine would take the last; we show one)."""
+    owned = sorted({_flag_name(a) for a in extra if _flag_name(a) in OWNED_FLAGS})
+    if owned:
+        raise ServeRefused(f"set {', '.join(owned)} through serve's own options, not after `--`")
+    overridden = {_flag_name(a) for a in extra if a.startswith("--")}
+    return [(f, v) for f, v in args if f not in overridden]
+
+
+def effective_value(profile_args: list[tuple[str, str | None]], extra: list[str], flag: str) -> str | None:
+    """The value ``flag`` ends up with (extra wins); None when unset or a bare switch."""
+    for i, a in enumerate(extra):
+        if a == flag and i + 1 < len(extra):
+            return extra[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    for f, v in profile_args:
+        if f == flag:
+            return v
+    return None
+
+
+def check_mamba_slots(profile_args, extra) -> None:
+    """NEXTN keeps 1 target + num-steps draft states per request (000 §9: 4 requests -> 16 slots)."""
+    from .capacity import mamba_slots_needed
+
+    def num(flag):
+        v = effective_value(profile_args, extra, flag)
+        return None if v is None else int(v)
+
+    running, steps, slots = num("--max-running-requests"), num("--speculative-num-steps"), num("--max-mamba-cache-size")
+    if running is None or slots is None:
+        return
+    need = mamba_slots_needed(running, steps or 0)
+    if slots < need:
+        raise ServeRefused(
+            f"--max-mamba-cache-size {slots} admits only {slots // (1 + (steps or 0))} of --max-running-requests "
+            f"{running}: each request needs 1 + {steps or 0} Mamba state slots, so {need} are needed")
+
+
+def _fill(value: str | None, model: str, draft: str | None) -> str | None:
+    if value == MODEL:
+        return model
+    if value == DRAFT:
+        return draft
+    return value
+
+
+def build_launch(profile: Profile, *, model: str, draft: str | None = None, host: str = "127.0.0.1",
+                 port: int | None = None, api_key: str | None = None, served_names: tuple[str, ...] = (),
+                 allow_unauthenticated: bool = False, extra: list[str] | tuple[str, ...] = (),
+                 python: str = sys.executable, base_env: dict | None = None) -> Launch:
+    check_exposure(host, api_key, allow_unauthenticated)
+    extra = list(extra)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    args = merge_extra(list(profile.args), extra)
+    check_mamba_slots(args, extra)
+    names = tuple(served_names) or ((profile.default_served_name,) if profile.default_served_name else ())
+    if profile.engine == "sglang" and len(names) > 1:
+        raise ServeRefused("sglang serves one --served-model-name; put a gateway in front for more aliases")
+    env = dict(os.environ if base_env is None else base_env)
+    for var, bad in FORBIDDEN_ENV[profile.engine]:
+        if bad in env.get(var, ""):
+            raise ServeRefused(f"{var}={env[var]} breaks PLE CUDA IPC (pidfd_getfd: Operation not permitted); "
+                               f"unset it")
+    env.update(profile.env)
+
+    if profile.engine == "sglang":
+        argv = [python, "-m", "sglang.launch_server"]
+    else:
+        argv = [str(Path(python).parent / "vllm")]  # the console script of this interpreter's venv
+    for flag, value in args:
+        value = _fill(value, model, draft)
+        argv.append(flag)
+        if value is not None:
+            argv.append(value)
+    argv += ["--host", host, "--port", str(port or profile.port)]
+    if api_key:
+        argv += ["--api-key", api_key]
+    if names:
+        argv += ["--served-model-name", *names]
+    argv += extra
+    return Launch(argv=argv, env=env, profile_env=dict(profile.env))

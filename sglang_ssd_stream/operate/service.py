@@ -1,0 +1,121 @@
+"""Service files: the write-up's systemd unit (000 §5) and the vLLM compose file (002).
+
+Both run what ``serve`` runs: the unit calls ``<cli> serve --profile …`` (so the preflight and the
+profile table stay the single source), and the compose command is built by ``launch.build_launch``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .errors import ServeRefused
+from .launch import build_launch, check_exposure
+from .profiles import Profile
+
+_SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one ExecStart word for systemd: specifiers (%) and variables ($) are escaped."""
+    if any(c in arg for c in "\n\r\0"):
+        raise ServeRefused(f"a unit argument cannot hold a newline or NUL: {arg!r}")
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if _SYSTEMD_SAFE.match(arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_systemd(*, name: str, description: str, user: str, group: str | None, workdir: str, home: str,
+                   exec_argv: list[str], environment: dict[str, str] | None = None) -> str:
+    env_lines = "".join(f"Environment={systemd_quote(f'{k}={v}')}\n" for k, v in {"HOME": home, **(environment or {})}.items())
+    return (
+        "[Unit]\n"
+        f"Description={description}\n"
+        "Wants=network-online.target\n"
+        "After=network-online.target\n"
+        "\n"
+        "[Service]\n"
+        "Type=simple\n"
+        f"User={user}\n"
+        f"Group={group or user}\n"
+        f"WorkingDirectory={systemd_quote(workdir)}\n"
+        f"{env_lines}"
+        f"ExecStart={' '.join(systemd_quote(a) for a in exec_argv)}\n"
+        "Restart=on-failure\n"
+        "RestartSec=10\n"
+        "TimeoutStopSec=90\n"  # the engine drains and frees ~90 GB of unified memory
+        "KillMode=control-group\n"  # scheduler and detokenizer children die with the unit
+        "LimitMEMLOCK=infinity\n"  # pinned host buffers (PLE staging, CUDA graphs)
+        "StandardOutput=journal\n"
+        "StandardError=journal\n"
+        f"SyslogIdentifier={name}\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
+def _y(value) -> str:
+    """A YAML scalar: JSON strings and numbers are valid YAML and never re-interpreted."""
+    return json.dumps(value)
+
+
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+def render_compose(profile: Profile, *, service: str, image: str, model_dir: str, cache_dir: str, port: int | None,
+                   publish: str, require_api_key: bool, allow_unauthenticated: bool, served_names: tuple[str, ...],
+                   gpus: tuple[str, ...], chat_template: str | None = None, shm_size: str = "32g",
+                   extra: list[str] | tuple[str, ...] = ()) -> str:
+    """Compose file of write-up 002: SYS_PTRACE (pidfd_getfd for PLE IPC), memlock -1, ipc host; never privileged."""
+    if profile.engine != "vllm":
+        raise ServeRefused("compose files are for the vLLM profiles")
+    # The published address is what clients reach; the key comes from the host's environment at
+    # `docker compose up` (compose interpolation), so it is never written into the file.
+    check_exposure(publish, "env" if require_api_key else None, allow_unauthenticated)
+    tp = int(profile.value("--tensor-parallel-size"))
+    if len(gpus) != tp:
+        raise ServeRefused(f"profile {profile.name} runs tensor parallel {tp}; got {len(gpus)} GPU ids {list(gpus)}")
+    port = port or profile.port
+    extra = list(extra)
+    volumes = [f"{model_dir}:/model:ro", f"{cache_dir}:/root/.cache"]
+    if chat_template:
+        volumes.append(f"{chat_template}:/opt/chat-template.jinja:ro")
+        extra += ["--chat-template", "/opt/chat-template.jinja"]
+    launch = build_launch(profile, model="/model", host="0.0.0.0", port=port, api_key=None,
+                          served_names=served_names, allow_unauthenticated=True, extra=extra, base_env={})
+    command = launch.argv[2:]  # the image's entrypoint is `vllm serve`
+    env = dict(profile.env)
+    if require_api_key:
+        env[API_KEY_ENV] = f"${{{API_KEY_ENV}:?set {API_KEY_ENV} on the host}}"
+    out = [
+        "services:",
+        f"  {service}:",
+        f"    image: {_y(image)}",
+        f"    container_name: {_y(service)}",
+        "    restart: unless-stopped",
+        "    ports:",
+        f"      - {_y(f'{publish}:{port}:{port}')}",
+        "    volumes:",
+        *[f"      - {_y(v)}" for v in volumes],
+        "    environment:",
+        *[f"      {k}: {_y(v)}" for k, v in env.items()],
+        "    cap_add:",
+        "      - SYS_PTRACE",
+        "    ipc: host",
+        f"    shm_size: {_y(shm_size)}",
+        "    ulimits:",
+        "      memlock: -1",
+        "      stack: 67108864",
+        "    deploy:",
+        "      resources:",
+        "        reservations:",
+        "          devices:",
+        "            - driver: nvidia",
+        f"              device_ids: {json.dumps(list(gpus))}",
+        "              capabilities: [gpu]",
+        "    command:",
+        *[f"      - {_y(a)}" for a in command],
+    ]
+    return "\n".join(out) + "\n"

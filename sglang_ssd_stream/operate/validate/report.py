@@ -1,0 +1,90 @@
+"""JSON + Markdown report, and a plot of prompt length vs latency (and KV use where exposed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write_plot(results: dict, path: Path) -> str:
+    """Returns what happened, for the report: 'written', or why not."""
+    points = [(c["prompt_tokens"], c["latency_s"], (c.get("kv") or {}).get("used_tokens"))
+              for c in results.get("suites", {}).get("needle", {}).get("checks", []) if c.get("prompt_tokens")]
+    if not points:
+        return "not written: no needle measurements"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "not written: matplotlib is not installed"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [p[0] for p in points]
+    ax.plot(xs, [p[1] for p in points], "o-", label="latency (s)")
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("latency (s)")
+    kv = [(p[0], p[2]) for p in points if p[2] is not None]
+    if kv:
+        ax2 = ax.twinx()
+        ax2.plot([k[0] for k in kv], [k[1] for k in kv], "s--", color="tab:orange", label="KV tokens in use")
+        ax2.set_ylabel("KV tokens in use")
+    ax.set_title("needle recall: prompt length vs latency")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return "written"
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# Validation of {results['model']} at {results['url']}", "",
+             f"Overall: **{results['status']}**", ""]
+    if results.get("aborted"):
+        lines += [f"Aborted: {results['aborted']}", ""]
+    cal = results.get("calibration") or {}
+    if cal:
+        lines += [f"Calibration: {cal.get('chars_per_token', 0):.2f} characters/token, "
+                  f"{cal.get('template_tokens')} template tokens", ""]
+    lines += ["| suite | status | detail |", "|---|---|---|"]
+    for name, r in results["suites"].items():
+        checks = r.get("checks", [])
+        passed = sum(1 for c in checks if c.get("status") == "pass")
+        lines.append(f"| {name} | {r['status']} | {passed}/{len(checks)} checks passed |")
+    needle = results["suites"].get("needle")
+    if needle:
+        lines += ["", "## Needle recall", "", "| target | prompt tokens | latency s | recalled | status |", "|---|---|---|---|---|"]
+        for c in needle["checks"]:
+            lat = f"{c['latency_s']:.2f}" if c.get("latency_s") is not None else "-"
+            lines.append(f"| {c['target_tokens']} | {c['prompt_tokens']} | {lat} | "
+                         f"{sum(c['recalled'])}/{len(c['recalled'])} | {c['status']} |")
+    for name in ("truncation", "soak"):
+        r = results["suites"].get(name)
+        if r:
+            lines += ["", f"## {name.capitalize()}", ""]
+            for c in r["checks"]:
+                label = c.get("check") or f"session {c.get('session')} cycle {c.get('cycle')} {c.get('stage')}"
+                lines.append(f"- {label}: {c['status']} ({c.get('detail') or c.get('error') or c.get('finish_reason')})")
+    m = results["suites"].get("matrix")
+    if m:
+        lines += ["", "## Reasoning x tools", "", "| thinking | tools | history | turns | tool turns | status | problems |",
+                  "|---|---|---|---|---|---|---|"]
+        for c in m["checks"]:
+            lines.append(f"| {c['thinking']} | {c['tools']} | {c['history_reasoning']} | {c['turns']} | "
+                         f"{c['tool_call_turns']} | {c['status']} | {'; '.join(c['problems'])[:200]} |")
+    c = results["suites"].get("canary")
+    if c:
+        lines += ["", "## Canary", ""]
+        for x in c["checks"]:
+            lines.append(f"- {x['prompt'][:40]}…: {x['status']} {'; '.join(x.get('problems') or []) or x.get('error') or ''}")
+    lines += ["", f"Plot: {results.get('plot')}", ""]
+    return "\n".join(lines)
+
+
+def write(results: dict, out_dir: str | Path) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results["plot"] = write_plot(results, out / "latency.png")
+    (out / "report.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(markdown(results))
+    return {"json": str(out / "report.json"), "markdown": str(out / "report.md"),
+            "plot": str(out / "latency.png") if results["plot"] == "written" else None}

@@ -1,0 +1,56 @@
+"""Shared fixtures: the write-ups' model geometry, model directories with real sidecars."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+# Geometry of write-up 000 §3: 48 layers, every 4th full attention (12), 2 KV heads x 256, one MTP
+# layer. The QSA index head (128, ratio 4) is the one that gives the measured 192 MiB at 262,144
+# tokens (12 layers x 128 x 2 B / 4); the GDN sizes are Qwen3-Next's (not in the write-ups).
+WRITEUP_TEXT_CONFIG = {
+    "num_hidden_layers": 48, "full_attention_interval": 4, "num_key_value_heads": 2, "head_dim": 256,
+    "mtp_num_hidden_layers": 1, "indexer_n_heads": 16, "indexer_kv_heads": 1, "indexer_head_dim": 128,
+    "indexer_budget": 2048, "indexer_compress_ratio": 4, "linear_num_value_heads": 32, "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+}
+
+
+def write_model(root: Path, *, sidecar: bool = True, draft: bool = True, shards: dict[str, int] | None = None) -> Path:
+    """A model directory: config.json, an index with real shard files, optionally ssd-stream.json + ple/ and mtp/."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "qwen4_exp", "text_config": WRITEUP_TEXT_CONFIG}))
+    shards = shards or {"model-00001.safetensors": 1000, "model-00002.safetensors": 3000}
+    for name, size in shards.items():
+        (root / name).write_bytes(b"\0" * size)
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {f"w{i}": name for i, name in enumerate(shards)}}))
+    if sidecar:
+        rows, cols = 64, 16
+        data = bytes((i * 7) % 251 for i in range(rows * cols))
+        (root / "ple").mkdir(exist_ok=True)
+        (root / "ple" / "layer-3.bin").write_bytes(data)
+        (root / "ssd-stream.json").write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
+            {"layer": 3, "path": "ple/layer-3.bin", "sha256": hashlib.sha256(data).hexdigest(),
+             "dtype": "float8_e4m3fn", "rows": rows, "columns": cols, "bytes": rows * cols}]}))
+    if draft:
+        (root / "mtp").mkdir(exist_ok=True)
+        (root / "mtp" / "config.json").write_text(json.dumps({"model_type": "qwen4_exp_mtp"}))
+        (root / "mtp" / "mtp.safetensors").write_bytes(b"\0" * 500)
+        (root / "mtp" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"m": "mtp.safetensors"}}))
+    return root
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    return write_model(tmp_path / "model")
+
+
+@pytest.fixture
+def writeup_config(tmp_path) -> Path:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"text_config": WRITEUP_TEXT_CONFIG}))
+    return p

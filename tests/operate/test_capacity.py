@@ -1,0 +1,196 @@
+"""Planner arithmetic pinned to the write-ups' numbers, and every refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_ssd_stream.operate.capacity import (GIB, load_geometry, mamba_bytes_per_slot, mamba_slots_needed, plan,
+                                                sessions_of, weights_bytes)
+from sglang_ssd_stream.operate.errors import ModelConfigError, PlanRefused
+
+from .conftest import write_model
+
+CTX = 262_144
+
+
+def _thor(g, **kw):
+    args = dict(context_length=CTX, pool_tokens=557_056, running=4, draft_steps=3, mamba_slots=16, page_size=64,
+                target_kv_dtype="fp8_e4m3", draft_kv_dtype="fp8_e4m3")
+    args.update(kw)
+    return plan(g, **args)
+
+
+def test_geometry_of_the_writeup(writeup_config):
+    g = load_geometry(writeup_config)
+    assert (g.num_layers, g.full_attention_layers, g.linear_layers, g.kv_heads, g.head_dim, g.mtp_layers) == \
+        (48, 12, 36, 2, 256, 1)
+
+
+def test_bf16_kv_is_24_kib_per_token_and_6_gib_at_262144(writeup_config):
+    p = _thor(load_geometry(writeup_config), target_kv_dtype="bfloat16", draft_kv_dtype="bfloat16", pool_tokens=CTX)
+    assert p.bytes_per_token["target_kv"] == 24 * 1024
+    assert p.at_context_gib["target_kv"] == 6.0
+    assert p.sglang_log_gb["context"]["K"] == 3.00 and p.sglang_log_gb["context"]["V"] == 3.00  # "K size: 3.00 GB"
+    assert p.at_context_gib["draft_kv"] == 0.5  # one MTP full-attention layer
+    assert p.at_context_gib["qsa_index_k"] * 1024 == 192  # MiB
+    assert round(p.at_context_gib["total"], 2) == 6.69
+    assert p.at_context_gib["target_plus_draft"] == 6.5
+
+
+def test_fp8_target_plus_draft_is_about_3_26_gib(writeup_config):
+    p = _thor(load_geometry(writeup_config))
+    assert p.bytes_per_token["target_kv"] == 12 * 1024 and p.bytes_per_token["draft_kv"] == 1024
+    assert p.at_context_gib["target_plus_draft"] == 3.25
+    logged = p.sglang_log_gb["context"]
+    # sglang logs each buffer (262,144 + one 64-token page of rows) as .2f: 1.50 + 1.50 + 0.13 + 0.13 = 3.26
+    assert (logged["K"], logged["V"], logged["draft_K"], logged["draft_V"]) == (1.5, 1.5, 0.13, 0.13)
+    assert round(sum(logged.values()), 2) == 3.26
+
+
+def test_thor_pool_holds_two_250k_sessions_or_four_shorter(writeup_config):
+    p = _thor(load_geometry(writeup_config))
+    assert p.sharing["full_windows"] == 2
+    assert p.sharing["two_session_each"] == 278_528 >= 250_000
+    assert p.sharing["per_running_request"] == 139_264
+    assert sessions_of(p, 250_000) == 2
+    assert sessions_of(p, 139_264) == 4
+    assert sessions_of(p, 100_000) == 4  # capped by the 4 running slots, not by the pool
+    assert p.pool_gib["target_kv"] + p.pool_gib["draft_kv"] == pytest.approx(6.90625)
+
+
+def test_mamba_slots_four_requests_need_sixteen(writeup_config):
+    assert mamba_slots_needed(4, 3) == 16
+    assert mamba_slots_needed(1, 3) == 4
+    p = _thor(load_geometry(writeup_config))
+    assert p.mamba["needed"] == 16 and p.mamba["admits_requests"] == 4
+
+
+def test_five_mamba_slots_refused_for_four_requests(writeup_config):
+    with pytest.raises(PlanRefused, match=r"5 Mamba slots admit only 1 of 4 running requests.*16 slots"):
+        _thor(load_geometry(writeup_config), mamba_slots=5)
+
+
+def test_mamba_state_bytes_per_slot(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+                               "num_key_value_heads": 1, "head_dim": 8, "mtp_num_hidden_layers": 0,
+                               "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 4,
+                               "linear_value_head_dim": 3, "linear_conv_kernel_dim": 4}))
+    g = load_geometry(cfg)
+    # one GDN layer: SSM 2x4x3 fp32 = 96 B; conv (2x1x4 + 2x3) = 14 channels x 3 taps x 2 B = 84 B
+    assert mamba_bytes_per_slot(g) == 96 + 84
+
+
+def test_vllm_a100_pool_holds_11_28_full_contexts(writeup_config):
+    # write-up 002: a 2,955,692-token pool = 11.28 full 262,144 contexts, above --max-num-seqs 8
+    p = plan(load_geometry(writeup_config), context_length=CTX, pool_tokens=2_955_692, running=8, draft_steps=3,
+             mamba_slots=None, tensor_parallel=4)
+    assert round(p.sharing["full_windows_exact"], 2) == 11.28
+    assert p.sharing["full_windows"] == 11 > 8
+    assert p.bytes_per_token["target_kv"] == 12 * 1024  # 2 KV heads over TP4: one head per rank (BF16)
+
+
+def test_memory_fit_thor(writeup_config):
+    # Thor: 122.86 GiB visible (write-up 003), 0.95 static, ~86.05 GB of NVFP4 + MTP weights (000 §5)
+    p = _thor(load_geometry(writeup_config), device_memory_gib=122.86, mem_fraction=0.95, weights_gib=86.05)
+    assert p.memory["needed_gib"] < p.memory["left_after_weights_gib"]
+    assert p.memory["max_pool_tokens"] % 64 == 0 and p.memory["max_pool_tokens"] > 557_056
+
+
+def test_pool_from_memory_when_not_given(writeup_config):
+    p = _thor(load_geometry(writeup_config), pool_tokens=None, device_memory_gib=100, mem_fraction=0.9,
+              weights_gib=80)
+    assert p.pool_tokens == p.memory["max_pool_tokens"]
+    assert p.pool_tokens % 64 == 0
+
+
+def test_refuses_pool_that_does_not_fit(writeup_config):
+    with pytest.raises(PlanRefused, match=r"557,056-token pool needs .* GiB .* only .* GiB is left after 112.00 GiB"):
+        _thor(load_geometry(writeup_config), device_memory_gib=122.86, mem_fraction=0.95, weights_gib=112.0)
+
+
+def test_refuses_when_weights_leave_nothing(writeup_config):
+    with pytest.raises(PlanRefused, match="not enough for 16 Mamba slots"):
+        _thor(load_geometry(writeup_config), device_memory_gib=96, mem_fraction=0.9, weights_gib=90)
+
+
+def test_refuses_partial_memory_arguments(writeup_config):
+    with pytest.raises(PlanRefused, match="needs all of device memory"):
+        _thor(load_geometry(writeup_config), device_memory_gib=96)
+
+
+def test_refuses_bad_fraction(writeup_config):
+    with pytest.raises(PlanRefused, match=r"mem fraction must be in \(0, 1\]"):
+        _thor(load_geometry(writeup_config), device_memory_gib=96, mem_fraction=1.5, weights_gib=1)
+
+
+def test_refuses_context_larger_than_pool(writeup_config):
+    with pytest.raises(PlanRefused, match="context length 262,144 exceeds the 131,072-token pool"):
+        _thor(load_geometry(writeup_config), pool_tokens=131_072)
+
+
+def test_refuses_unaligned_pool(writeup_config):
+    with pytest.raises(PlanRefused, match="not a multiple of the 64-token KV page; use 557,056"):
+        _thor(load_geometry(writeup_config), pool_tokens=557_100)
+
+
+def test_refuses_no_pool(writeup_config):
+    with pytest.raises(PlanRefused, match="no pool size"):
+        _thor(load_geometry(writeup_config), pool_tokens=None)
+
+
+@pytest.mark.parametrize("kw,msg", [({"running": 0}, "running requests must be at least 1"),
+                                    ({"draft_steps": -1}, "draft steps must be >= 0"),
+                                    ({"target_kv_dtype": "int3"}, "unknown KV dtype 'int3'"),
+                                    ({"tensor_parallel": 0}, "tensor parallel size must be at least 1")])
+def test_refuses_bad_inputs(writeup_config, kw, msg):
+    with pytest.raises(PlanRefused, match=msg):
+        _thor(load_geometry(writeup_config), **kw)
+
+
+def test_config_missing_field_is_refused_not_guessed(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 48, "full_attention_interval": 4, "head_dim": 256}))
+    with pytest.raises(ModelConfigError, match="'num_key_value_heads' is missing; the planner will not guess"):
+        load_geometry(cfg)
+
+
+def test_config_layer_types_length_mismatch(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 3, "layer_types": ["full_attention"]}))
+    with pytest.raises(ModelConfigError, match="layer_types has 1 entries for 3 layers"):
+        load_geometry(cfg)
+
+
+def test_config_missing_or_not_json(tmp_path):
+    with pytest.raises(ModelConfigError, match="no such file"):
+        load_geometry(tmp_path)
+    (tmp_path / "config.json").write_text("{nope")
+    with pytest.raises(ModelConfigError, match="not JSON"):
+        load_geometry(tmp_path)
+
+
+def test_config_impossible_value(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 4, "full_attention_interval": 4, "num_key_value_heads": 0,
+                               "head_dim": 8, "mtp_num_hidden_layers": 0, "linear_num_value_heads": 1,
+                               "linear_num_key_heads": 1, "linear_key_head_dim": 1, "linear_value_head_dim": 1,
+                               "linear_conv_kernel_dim": 4}))
+    with pytest.raises(ModelConfigError, match="kv_heads=0 is impossible"):
+        load_geometry(cfg)
+
+
+def test_weights_from_index(tmp_path):
+    m = write_model(tmp_path / "m", shards={"a.safetensors": 1 << 20, "b.safetensors": 3 << 20})
+    assert weights_bytes(m) == 4 << 20
+    (m / "b.safetensors").unlink()
+    with pytest.raises(ModelConfigError, match="shard b.safetensors listed in the index is missing"):
+        weights_bytes(m)
+    with pytest.raises(ModelConfigError, match="no model.safetensors.index.json; pass --weights-gib"):
+        weights_bytes(tmp_path)
+
+
+def test_gib_constant():
+    assert GIB == 1 << 30

@@ -1,0 +1,254 @@
+"""serve: exact command lines per profile, the exposure rule, extras, preflight and the doctor seam."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from sglang_ssd_stream.errors import BadKitData
+from sglang_ssd_stream.operate import add_operate_commands
+from sglang_ssd_stream.operate.errors import ServeRefused
+from sglang_ssd_stream.operate.launch import build_launch
+from sglang_ssd_stream.operate.profiles import PROFILES, get_profile
+
+from .conftest import write_model
+
+PY = "/venv/bin/python"
+
+THOR_ARGS = [
+    "--model-path", "/m", "--trust-remote-code", "--quantization", "modelopt_fp4",
+    "--fp4-gemm-backend", "flashinfer_cutlass", "--kv-cache-dtype", "fp8_e4m3",
+    "--speculative-draft-kv-cache-dtype", "fp8_e4m3", "--page-size", "64",
+    "--mamba-radix-cache-strategy", "extra_buffer_lazy", "--mamba-track-interval", "64", "--mamba-ssm-dtype", "float32",
+    "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", "/m/mtp", "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--allow-auto-truncate",
+    "--enable-multimodal", "--reasoning-parser", "auto", "--tool-call-parser", "auto",
+    "--attention-backend", "triton", "--moe-runner-backend", "flashinfer_cutlass",
+    "--context-length", "262144", "--max-total-tokens", "557056", "--max-running-requests", "4",
+    "--max-mamba-cache-size", "16", "--cuda-graph-max-bs-decode", "4", "--disable-prefill-cuda-graph",
+    "--chunked-prefill-size", "2048", "--mem-fraction-static", "0.95", "--enable-linear-replayssm-spec",
+    "--sleep-on-idle",
+]
+
+
+def _parser(engine):
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), engine)
+    return p
+
+
+def test_thor_exact_argv_and_env():
+    launch = build_launch(PROFILES["thor"], model="/m", draft="/m/mtp", python=PY, base_env={"PATH": "/bin"})
+    assert launch.argv == [PY, "-m", "sglang.launch_server", *THOR_ARGS, "--host", "127.0.0.1", "--port", "8000"]
+    assert launch.env == {"PATH": "/bin", "SGLANG_PLUGINS": "ssd_stream", "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB": "32",
+                          "SGLANG_EMPTY_CACHE_INTERVAL": "60", "SGLANG_SANITIZE_NAN_LOGITS": "1"}
+
+
+def test_discrete_gpu_profile_values():
+    launch = build_launch(PROFILES["discrete-gpu"], model="/m", draft="/d", python=PY, base_env={})
+    a = launch.argv
+    pairs = {a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}
+    assert pairs["--kv-cache-dtype"] == pairs["--speculative-draft-kv-cache-dtype"] == "fp8_e4m3"
+    assert (pairs["--context-length"], pairs["--max-total-tokens"], pairs["--max-running-requests"],
+            pairs["--max-mamba-cache-size"], pairs["--port"]) == ("131072", "131072", "1", "5", "30000")
+    assert launch.env["SGLANG_PLUGINS"] == "ssd_stream"
+
+
+def test_vllm_a100x4_exact_argv_and_env():
+    launch = build_launch(PROFILES["a100x4"], model="/model", host="0.0.0.0", api_key="k", python=PY,
+                          served_names=("qwen3.8-flash-next", "qwen3.8-27b-int8-w8a16"), base_env={})
+    assert launch.argv == [
+        "/venv/bin/vllm", "serve", "/model", "--tensor-parallel-size", "4", "--enable-expert-parallel",
+        "--max-model-len", "262144", "--max-num-seqs", "8", "--max-num-batched-tokens", "16384",
+        "--gpu-memory-utilization", "0.88", "--disable-custom-all-reduce",
+        "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
+        "--compilation-config", '{"mode":0,"cudagraph_mode":"FULL_DECODE_ONLY"}',
+        "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_xml", "--reasoning-parser", "qwen3",
+        "--enable-prompt-tokens-details", "--enable-prefix-caching",
+        "--host", "0.0.0.0", "--port", "30001", "--api-key", "k",
+        "--served-model-name", "qwen3.8-flash-next", "qwen3.8-27b-int8-w8a16"]
+    assert launch.env == {"VLLM_PLE_CPU_OFFLOAD": "1", "OMP_NUM_THREADS": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
+
+def test_vllm_default_served_name():
+    argv = build_launch(PROFILES["a100x4"], model="/model", python=PY, base_env={}).argv
+    assert argv[-2:] == ["--served-model-name", "qwen3.8-flash-next"]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::", "thor.lan"])
+def test_open_bind_without_key_refused(host):
+    with pytest.raises(ServeRefused, match=f"refusing to bind {host} without an API key"):
+        build_launch(PROFILES["thor"], model="/m", draft="/d", host=host, base_env={})
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_loopback_needs_no_key(host):
+    assert "--api-key" not in build_launch(PROFILES["thor"], model="/m", draft="/d", host=host, base_env={}).argv
+
+
+def test_open_bind_with_key_or_explicit_allow():
+    a = build_launch(PROFILES["thor"], model="/m", draft="/d", host="0.0.0.0", api_key="s3cret", base_env={})
+    assert a.argv[-4:] == ["--port", "8000", "--api-key", "s3cret"]
+    assert "s3cret" not in a.shell() and "--api-key '***'" in a.shell()
+    b = build_launch(PROFILES["thor"], model="/m", draft="/d", host="0.0.0.0", allow_unauthenticated=True, base_env={})
+    assert b.argv[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+
+
+def test_served_name_alias_sglang():
+    a = build_launch(PROFILES["thor"], model="/m", draft="/d", served_names=("Qwen/Qwen3.6-27B-NVFP4",), base_env={})
+    assert a.argv[-2:] == ["--served-model-name", "Qwen/Qwen3.6-27B-NVFP4"]
+    with pytest.raises(ServeRefused, match="sglang serves one --served-model-name"):
+        build_launch(PROFILES["thor"], model="/m", draft="/d", served_names=("a", "b"), base_env={})
+
+
+def test_extra_args_override_profile_value_once():
+    a = build_launch(PROFILES["thor"], model="/m", draft="/d", extra=["--", "--chunked-prefill-size", "4096",
+                                                                       "--enable-metrics"], base_env={})
+    assert a.argv.count("--chunked-prefill-size") == 1
+    assert a.argv[-3:] == ["--chunked-prefill-size", "4096", "--enable-metrics"]
+
+
+@pytest.mark.parametrize("extra", [["--host", "0.0.0.0"], ["--api-key=x"], ["--model-path", "/other"]])
+def test_extra_args_cannot_bypass_serve_options(extra):
+    with pytest.raises(ServeRefused, match="through serve's own options"):
+        build_launch(PROFILES["thor"], model="/m", draft="/d", extra=extra, base_env={})
+
+
+def test_extra_running_requests_beyond_mamba_slots_refused():
+    with pytest.raises(ServeRefused, match=r"--max-mamba-cache-size 16 admits only 4 of --max-running-requests 8.*32"):
+        build_launch(PROFILES["thor"], model="/m", draft="/d", extra=["--max-running-requests", "8"], base_env={})
+    ok = build_launch(PROFILES["thor"], model="/m", draft="/d",
+                      extra=["--max-running-requests=8", "--max-mamba-cache-size=32"], base_env={})
+    assert ok.argv[-2:] == ["--max-running-requests=8", "--max-mamba-cache-size=32"]
+
+
+def test_expandable_segments_refused_for_vllm():
+    with pytest.raises(ServeRefused, match="pidfd_getfd"):
+        build_launch(PROFILES["a100x4"], model="/m", base_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+
+
+def test_unknown_profile_refused():
+    with pytest.raises(ServeRefused, match="unknown vllm profile 'thor'; known: a100x4"):
+        get_profile("thor", "vllm")
+
+
+def test_serve_execs_with_exact_argv(tmp_path, monkeypatch):
+    model = write_model(tmp_path / "model")
+    calls = []
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--served-name", "alias",
+                                         "--", "--enable-metrics"])
+    monkeypatch.setenv("KEEP_ME", "1")
+    rc = args.func(args, exec_fn=lambda f, argv, env: calls.append((f, argv, env)))
+    assert rc == 0 and len(calls) == 1
+    f, argv, env = calls[0]
+    assert f == sys.executable and argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    paths = {"/m": str(model), "/m/mtp": f"{model}/mtp"}
+    assert argv[3:] == [paths.get(x, x) for x in THOR_ARGS] + [
+        "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "alias", "--enable-metrics"]
+    assert env["KEEP_ME"] == "1" and env["SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB"] == "32"
+
+
+def test_serve_dry_run_prints_and_does_not_exec(tmp_path, capsys):
+    model = write_model(tmp_path / "model")
+    key = tmp_path / "key"
+    key.write_text("topsecret\n")
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--host", "0.0.0.0",
+                                         "--api-key-file", str(key), "--dry-run"])
+    assert args.func(args, exec_fn=lambda *a: pytest.fail("exec in dry run")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SGLANG_PLUGINS=ssd_stream SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB=32 ")
+    assert "-m sglang.launch_server --model-path " in out and "--api-key '***'" in out and "topsecret" not in out
+
+
+def test_serve_unreadable_key_file(tmp_path):
+    model = write_model(tmp_path / "model")
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model),
+                                         "--api-key-file", str(tmp_path / "nope")])
+    from sglang_ssd_stream.errors import EnvironmentProblem
+    with pytest.raises(EnvironmentProblem, match="cannot read --api-key-file"):
+        args.func(args, exec_fn=lambda *a: None)
+
+
+def test_preflight_refuses_missing_model_config(tmp_path):
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(tmp_path)])
+    with pytest.raises(ServeRefused, match="model directory .* has no config.json"):
+        args.func(args, exec_fn=lambda *a: pytest.fail("exec after failed preflight"))
+
+
+def test_preflight_refuses_missing_draft(tmp_path):
+    model = write_model(tmp_path / "model", draft=False)
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
+    with pytest.raises(ServeRefused, match=r"draft \(MTP\) directory .*/mtp' has no config.json"):
+        args.func(args, exec_fn=lambda *a: pytest.fail("exec"))
+
+
+def test_preflight_refuses_bad_sidecar(tmp_path):
+    model = write_model(tmp_path / "model")
+    (model / "ple" / "layer-3.bin").write_bytes(b"short")
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
+    with pytest.raises(BadKitData):
+        args.func(args, exec_fn=lambda *a: pytest.fail("exec"))
+
+
+def test_vllm_serve_needs_no_sidecar(tmp_path):
+    model = write_model(tmp_path / "model", sidecar=False, draft=False)
+    calls = []
+    args = _parser("vllm").parse_args(["serve", "--profile", "a100x4", "--model", str(model)])
+    args.func(args, exec_fn=lambda f, argv, env: calls.append(argv))
+    assert calls[0][:3] == [os.path.join(os.path.dirname(sys.executable), "vllm"), "serve", str(model)]
+
+
+def test_doctor_seam_called_and_can_refuse(tmp_path, monkeypatch):
+    model = write_model(tmp_path / "model")
+    seen = {}
+    doctor = types.ModuleType("sglang_ssd_stream.doctor")
+
+    def preflight(**kw):
+        seen.update(kw)
+        return ["swap is 2 GiB; the Thor write-up runs 16 GiB"]
+
+    doctor.preflight = preflight
+    monkeypatch.setitem(sys.modules, "sglang_ssd_stream.doctor", doctor)
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
+    assert args.func(args) == 0
+    assert (seen["engine"], seen["profile"], seen["model"], seen["draft"]) == ("sglang", "thor", str(model), f"{model}/mtp")
+    assert seen["env"]["SGLANG_PLUGINS"] == "ssd_stream"
+
+    def refuse(**kw):
+        raise ServeRefused("swap missing")
+
+    doctor.preflight = refuse
+    with pytest.raises(ServeRefused, match="swap missing"):
+        args.func(args)
+
+
+def test_serve_model_from_state(tmp_path, monkeypatch):
+    model = write_model(tmp_path / "snap")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "state.json").write_text(json.dumps({"version": 1, "snapshot": str(model)}))
+    calls = []
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--data-dir", str(data)])
+    args.func(args, exec_fn=lambda f, argv, env: calls.append(argv))
+    assert calls[0][calls[0].index("--model-path") + 1] == str(model)
+    empty = tmp_path / "empty"
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--data-dir", str(empty)])
+    with pytest.raises(ServeRefused, match="no --model and no state.json"):
+        args.func(args, exec_fn=lambda *a: None)
+
+
+def test_every_sglang_profile_flag_exists_in_real_sglang_0_5_23():
+    """The real launcher's --help (this venv's sglang) lists every flag our profiles emit."""
+    env = {**os.environ, "SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
+    r = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    flags = {f for p in PROFILES.values() if p.engine == "sglang" for f, _ in p.args}
+    missing = sorted(f for f in flags if f"{f} " not in r.stdout and f"{f}\n" not in r.stdout)
+    assert not missing

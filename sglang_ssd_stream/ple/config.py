@@ -1,0 +1,128 @@
+"""Which sidecar serves this process, loaded and SHA-256-verified once per process.
+
+The sidecar is used when ``SGLANG_SSD_STREAM_SIDECAR`` names one (its ``ssd-stream.json`` or
+directory), else when the model directory (``--model-path``) holds ``ssd-stream.json``.
+``SGLANG_SSD_STREAM_SIDECAR=off`` turns the hooks off entirely.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales, hf_blobs_root, load_manifest
+from ..sidecar.verify import VerifyReport, verify_sidecar
+
+log = logging.getLogger(__name__)
+
+SIDECAR_ENV = "SGLANG_SSD_STREAM_SIDECAR"
+NO_VERIFY_ENV = "SGLANG_SSD_STREAM_NO_VERIFY"  # "1": skip the SHA-256 pass (explicit opt-out)
+TRUSTED_ROOTS_ENV = "SGLANG_SSD_STREAM_TRUSTED_ROOTS"  # os.pathsep-separated extra roots
+GATHER_MODE_ENV = "SGLANG_SSD_STREAM_PLE_GATHER"  # uva (default) | h2d
+WORKERS_ENV = "SGLANG_SSD_STREAM_READ_WORKERS"
+MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
+DEFAULT_MAX_TOKENS = 8192
+DEFAULT_WORKERS = 16
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    manifest: SidecarManifest
+    scales: dict[int, WeightScale]
+    verify: VerifyReport
+
+
+_lock = threading.Lock()
+_loaded: dict[str, Sidecar] = {}
+
+
+def disabled() -> bool:
+    return os.environ.get(SIDECAR_ENV, "").strip().lower() == "off"
+
+
+def server_model_path() -> str | None:
+    """``--model-path`` of this sglang process (None before server args are published)."""
+    from sglang.srt.runtime_context import get_context
+
+    try:
+        return get_context().server_args.model_path
+    except ValueError:  # "Global server args is not set yet!"
+        return None
+
+
+def manifest_path(model_path: str | None) -> Path | None:
+    """The sidecar to use, or None when none is configured."""
+    if disabled():
+        return None
+    env = os.environ.get(SIDECAR_ENV)
+    if env:
+        return Path(env)  # load_manifest refuses a path that does not hold one
+    if model_path and (Path(model_path) / MANIFEST_NAME).is_file():
+        return Path(model_path) / MANIFEST_NAME
+    return None
+
+
+def trusted_roots(artifact_dir: Path) -> list[str]:
+    from ..model_view import trusted_roots_for
+
+    roots = trusted_roots_for(artifact_dir)
+    roots += [r for r in os.environ.get(TRUSTED_ROOTS_ENV, "").split(os.pathsep) if r]
+    return roots + [str(b) for b in [hf_blobs_root(Path(r)) for r in roots] if b is not None]
+
+
+def load(path: Path) -> Sidecar:
+    """Load, check and verify the sidecar at ``path`` (once per process)."""
+    key = os.path.abspath(path)
+    with _lock:
+        if key in _loaded:
+            return _loaded[key]
+        root = Path(key) if Path(key).is_dir() else Path(key).parent
+        manifest = load_manifest(key, trusted_roots=trusted_roots(root))
+        report = verify_sidecar(manifest, no_verify=os.environ.get(NO_VERIFY_ENV) == "1")
+        scales = find_weight_scales(manifest.root)
+        sidecar = _loaded[key] = Sidecar(manifest, scales, report)
+        log.info("PLE sidecar %s: %d table(s), sha256 %s", manifest.path, len(manifest.tables),
+                 ", ".join(f"L{t.layer}={t.status}" for t in report.tables))
+        return sidecar
+
+
+def active() -> Sidecar | None:
+    """The sidecar of this process's model, or None."""
+    path = manifest_path(server_model_path())
+    return None if path is None else load(path)
+
+
+def env_int(name: str, default: int, lo: int = 1) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < lo:
+        raise ValueError(f"{name}={value} must be at least {lo}")
+    return value
+
+
+def max_tokens() -> int:
+    """Tokens per PLE lookup the staging is sized for."""
+    if os.environ.get(MAX_TOKENS_ENV):
+        return env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
+    from sglang.srt.runtime_context import get_context
+
+    try:
+        chunk = get_context().server_args.chunked_prefill_size
+    except ValueError:
+        chunk = None
+    return int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_TOKENS
+
+
+def gather_mode() -> str:
+    mode = os.environ.get(GATHER_MODE_ENV, "uva")
+    if mode not in ("uva", "h2d"):
+        raise ValueError(f"{GATHER_MODE_ENV}={mode!r}: expected uva or h2d")
+    return mode

@@ -1,0 +1,254 @@
+"""HookRegistry hooks that serve sglang 0.5.23's offloaded PLE table from the sidecar.
+
+sglang's own path stays in charge: the model's hashing (``Qwen4ExpNGramEmbedding``), its
+prefetch boundary (``Qwen4ExpPLELayer.start_prefetch`` for layer i+1 while layer i runs, on its
+side stream), its output buffers, TP reduce and ``weight_scale`` multiply. Four AROUND hooks
+change only where rows come from:
+
+=============================================================  ==========================================
+target                                                         hook
+=============================================================  ==========================================
+``qwen4_exp_ple_table.allocate_ple_host_table``                no 47 GiB pinned table: a 1-element
+                                                               placeholder of the right shape/dtype
+``qwen4_exp.Qwen4ExpForConditionalGeneration.load_weights``    bind each PLE embedding to its sidecar
+                                                               table (shape/dtype/TP range checked), drop
+                                                               ``.ngram_embedding.shard_`` tensors, set
+                                                               ``weight_scale`` from the sidecar
+``qwen4_exp.Qwen4ExpPinnedHostEmbedding.gather``               start the staged sidecar gather
+                                                               (:class:`..staging.SidecarGather`)
+``qwen4_exp.Qwen4ExpPLELayer._consume_prefetched_embeddings``  wait until the gather's GPU work is
+                                                               enqueued before sglang waits on the stream
+=============================================================  ==========================================
+
+The hooks are inert for a model without a sidecar (``config.active()`` is None). They are fatal
+on failure: :func:`install` resolves every target first, applies the hooks and checks they took
+effect, and raises otherwise (sglang's ``apply_hooks`` would only log).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import pkgutil
+import re
+
+from . import config
+
+log = logging.getLogger(__name__)
+
+_M = "sglang.srt.models.qwen4_exp"
+ALLOCATE = "sglang.srt.models.qwen4_exp_ple_table.allocate_ple_host_table"
+LOAD_WEIGHTS = f"{_M}.Qwen4ExpForConditionalGeneration.load_weights"
+GATHER = f"{_M}.Qwen4ExpPinnedHostEmbedding.gather"
+CONSUME = f"{_M}.Qwen4ExpPLELayer._consume_prefetched_embeddings"
+
+PLE_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.ple\.ple_embedding$")
+PLE_SHARD = ".ngram_embedding.shard_"
+SCALE_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.weight_scale$")
+
+_installed = False
+_placeholders: set[int] = set()  # data_ptr of placeholder tables we handed out
+
+
+class SidecarHookError(RuntimeError):
+    """The sidecar cannot serve this model as configured."""
+
+
+# ----------------------------------------------------------------------------- install
+
+
+def _hooks():
+    return ((ALLOCATE, around_allocate), (LOAD_WEIGHTS, around_load_weights), (GATHER, around_gather),
+            (CONSUME, around_consume))
+
+
+def install() -> bool:
+    """Register and apply the PLE sidecar hooks; returns False only when
+    ``SGLANG_SSD_STREAM_SIDECAR=off``. Raises when a target is missing or a hook did not land."""
+    global _installed
+    if config.disabled():
+        return False
+    if _installed:
+        return True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    originals = {}
+    for target, _ in _hooks():
+        try:
+            originals[target] = pkgutil.resolve_name(target)
+        except (ImportError, AttributeError) as exc:
+            raise SidecarHookError(f"PLE sidecar hook target {target} is missing in this sglang ({exc})") from exc
+        if not callable(originals[target]):
+            raise SidecarHookError(f"PLE sidecar hook target {target} is not callable")
+    for target, hook in _hooks():
+        HookRegistry.register(target, hook, HookType.AROUND)
+    HookRegistry.apply_hooks()  # idempotent; load_plugins() calls it again
+    import importlib
+
+    bound = importlib.import_module(_M).allocate_ple_host_table  # the copy qwen4_exp actually calls
+    for target, _ in _hooks():
+        now = pkgutil.resolve_name(target)
+        if now is originals[target]:
+            raise SidecarHookError(f"PLE sidecar hook on {target} did not take effect (see the log above)")
+    if bound is originals[ALLOCATE]:
+        raise SidecarHookError(f"{_M}.allocate_ple_host_table still points at the original; hook not propagated")
+    _installed = True
+    return True
+
+
+# ----------------------------------------------------------------------------- hooks
+
+
+def around_allocate(original, *args, **kwargs):
+    sidecar = config.active()
+    if sidecar is None:
+        return original(*args, **kwargs)
+    import torch
+
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    shape, dtype = tuple(int(d) for d in bound.arguments["shape"]), bound.arguments["dtype"]
+    # The rows live in the sidecar; sglang only needs a tensor of this shape and dtype.
+    # One element expanded: any write through it fails instead of silently landing.
+    table = torch.empty((1,) * len(shape), dtype=dtype).expand(*shape)
+    _placeholders.add(table.data_ptr())
+    log.info("PLE table %s %s (%s) served from sidecar %s", list(shape), dtype, bound.arguments.get("tag"),
+             sidecar.manifest.path)
+    return table
+
+
+def _is_placeholder(weight) -> bool:
+    return weight.data_ptr() in _placeholders and weight.stride() == (0,) * weight.dim()
+
+
+def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
+    """Attach a :class:`SidecarGather` to every PLE embedding of ``model``; returns {layer: embedding}."""
+    import torch
+
+    from sglang.srt.models.qwen4_exp import Qwen4ExpNGramEmbedding, Qwen4ExpPinnedHostEmbedding
+
+    from ..sidecar.format import check_model_shape
+    from ..sidecar.reader import SidecarReader, rows_for_tokens
+    from .staging import SidecarGather
+
+    rows = rows_for_tokens(config.max_tokens())
+    workers = config.env_int(config.WORKERS_ENV, config.DEFAULT_WORKERS)
+    mode = config.gather_mode()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    bound = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, Qwen4ExpNGramEmbedding):
+            continue
+        m = PLE_MODULE.search(name)
+        if m is None:
+            raise SidecarHookError(f"cannot tell the decoder layer of PLE module {name!r}")
+        layer, emb = int(m.group(1)), mod.ngram_embedding
+        if not isinstance(emb, Qwen4ExpPinnedHostEmbedding) or not _is_placeholder(emb.weight):
+            raise SidecarHookError(
+                f"{name}: the PLE sidecar needs sglang's offloaded PLE table (--ple-offload-embedding); "
+                f"this embedding is a {type(emb).__name__} on {emb.weight.device}")
+        table = sidecar.manifest.table(layer)
+        lo, hi = emb.shard_indices.org_vocab_start_index, emb.shard_indices.org_vocab_end_index
+        check_model_shape(table, dtype=str(emb.weight.dtype), columns=emb.embedding_dim, rows=emb.org_vocab_size,
+                          row_range=(lo, hi))
+        reader = SidecarReader(table, vocab_start=lo, vocab_end=hi, max_rows=rows, workers=workers)
+        emb._ssd_stream = SidecarGather(reader, columns=emb.embedding_dim,
+                                        is_fp8=emb.weight.dtype == torch.float8_e4m3fn, capacity_rows=rows,
+                                        device=device, mode=mode)
+        emb._ssd_stream_layer = layer
+        bound[layer] = emb
+        log.info("PLE layer %d: sidecar %s rows [%d, %d), %s, working set %.1f MiB", layer, table.file, lo, hi, mode,
+                 emb._ssd_stream.working_set_bytes / 2**20)
+    if not bound:
+        raise SidecarHookError(f"a PLE sidecar is configured ({sidecar.manifest.path}) but the model has no PLE layer")
+    return bound
+
+
+class _Filter:
+    """Drops PLE shard tensors from the checkpoint stream; records which scales it carried."""
+
+    def __init__(self, weights):
+        self.weights, self.dropped, self.scales_seen = weights, 0, set()
+
+    def __iter__(self):
+        for name, tensor in self.weights:
+            if PLE_SHARD in name and "mtp" not in name:
+                self.dropped += 1
+                continue
+            m = SCALE_NAME.search(name)
+            if m and "mtp" not in name:
+                self.scales_seen.add(int(m.group(1)))
+            yield name, tensor
+
+
+def apply_scales(bound: dict, sidecar: config.Sidecar, seen: set[int]) -> None:
+    import torch
+
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    for layer, emb in bound.items():
+        ws = sidecar.scales.get(layer)
+        if ws is None:
+            if layer not in seen and emb.weight.dtype == torch.float8_e4m3fn:
+                raise SidecarHookError(
+                    f"PLE layer {layer}: no weight_scale in the sidecar ({sidecar.manifest.root}) nor in the "
+                    f"checkpoint; an fp8 table without its scale would be served unscaled")
+            continue
+        value = torch.frombuffer(bytearray(ws.raw), dtype=dtypes[ws.dtype]).reshape(emb.weight_scale.shape)
+        value = value.to(device=emb.weight_scale.device, dtype=emb.weight_scale.dtype)
+        if layer in seen and not torch.equal(emb.weight_scale, value):
+            raise SidecarHookError(
+                f"PLE layer {layer}: the checkpoint's weight_scale {emb.weight_scale.item()} differs from the "
+                f"sidecar's {value.item()} ({ws.file})")
+        emb.weight_scale.copy_(value)
+
+
+def around_load_weights(original, self, weights, *args, **kwargs):
+    sidecar = config.active()
+    if sidecar is None:
+        return original(self, weights, *args, **kwargs)
+    bound = bind_embeddings(self, sidecar)
+    stream = _Filter(weights)
+    result = original(self, stream, *args, **kwargs)
+    apply_scales(bound, sidecar, stream.scales_seen)
+    log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped", len(bound), stream.dropped)
+    return result
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def around_gather(original, self, input_ids, out=None):
+    state = getattr(self, "_ssd_stream", None)
+    if state is None:
+        if _is_placeholder(self.weight):
+            raise SidecarHookError("PLE gather on a sidecar table that load_weights never bound")
+        return original(self, input_ids, out)
+    import torch
+
+    if _capturing():
+        raise SidecarHookError(
+            "PLE sidecar rows cannot be read inside CUDA graph capture yet; start sglang with "
+            "--disable-cuda-graph (graph replay support is not wired into sglang's graph runner)")
+    shape = (*input_ids.shape, self.embedding_dim)
+    if out is None:
+        output = self.allocate_output(shape, input_ids.device)
+    else:
+        if tuple(out.shape) != shape or out.dtype != torch.bfloat16 or out.device != input_ids.device:
+            raise ValueError(f"invalid PLE prefetch output {out.dtype} {tuple(out.shape)} on {out.device}, "
+                             f"expected bfloat16 {shape} on {input_ids.device}")
+        output = out
+    state.begin(input_ids.reshape(-1).long(), output.view(-1, self.embedding_dim),
+                torch.cuda.current_stream() if state.cuda else None)
+    if out is None:  # forward(): sglang reduces right after, so the rows must be enqueued now
+        state.wait()
+    return output
+
+
+def around_consume(original, self, *args, **kwargs):
+    state = getattr(self.ple_embedding.ngram_embedding, "_ssd_stream", None)
+    if state is not None:
+        state.wait()
+    return original(self, *args, **kwargs)

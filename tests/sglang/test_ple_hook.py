@@ -1,0 +1,27 @@
+"""PLE sidecar hooks on the real sglang 0.5.23 install (CPU): check_ple_hook.py in the venv."""
+
+from __future__ import annotations
+
+from ..engine import outcomes_only
+
+CHECK = "tests/sglang/checks/check_ple_hook.py"
+EXPECTED = {
+    "test_hooks_land_on_real_classes_after_load_plugins",
+    *(f"test_lookup_bit_identical_to_sglang_offload_path[tp{t}-{d}]"
+      for t in range(3) for d in ("float8_e4m3fn", "bfloat16")),
+    "test_refuses_without_ple_offload",
+    "test_refuses_dtype_mismatch_with_model_config",
+    "test_refuses_a_checkpoint_scale_that_disagrees_with_the_sidecar",
+    "test_refuses_a_sidecar_with_a_wrong_sha256",
+    "test_gather_on_an_unbound_sidecar_table_refuses",
+    "test_read_error_after_bind_fails_closed",
+    "test_conversion_kernel_matches_sglang_kernel_for_every_byte",
+    "test_install_raises_when_a_hook_cannot_land[apply_fails]",
+    "test_install_raises_when_a_hook_cannot_land[missing_target]",
+}
+
+
+def test_ple_sidecar_hooks_on_real_sglang(sglang):
+    sglang.ensure_pristine()  # the PLE hooks need no source patch
+    r = sglang.run_checks(CHECK, extra_env={"SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"})
+    assert outcomes_only(r) == {t: "passed" for t in EXPECTED}, r["__output__"]

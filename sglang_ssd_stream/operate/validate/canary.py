@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 ZERO_TOKEN_TEXT = "!"  # Qwen tokenizers: id 0 decodes to "!"
 MAX_ZERO_RUN = 8
 MAX_IDENTICAL_RUN = 32
+EMPTY_AFTER = 16  # this many generated tokens with nothing but whitespace is a broken state too
 
 
 def longest_run(items) -> tuple[int, object]:
@@ -42,7 +43,7 @@ class CanaryResult:
 
 def check(*, text: str, token_ids: list[int] | None = None, tokens: list[str] | None = None,
           logprobs: list[float] | None = None, max_identical_run: int = MAX_IDENTICAL_RUN,
-          max_zero_run: int = MAX_ZERO_RUN) -> CanaryResult:
+          max_zero_run: int = MAX_ZERO_RUN, completion_tokens: int | None = None) -> CanaryResult:
     if token_ids is not None:
         unit, seq = "token_id", list(token_ids)
         zero = longest_run([t == 0 for t in seq] or [False])
@@ -64,5 +65,7 @@ def check(*, text: str, token_ids: list[int] | None = None, tokens: list[str] | 
         problems.append(f"{bad} NaN/+Inf log-probabilities")
     if run >= max_identical_run:
         problems.append(f"degenerate repetition: {item!r} x {run} ({unit})")
+    if completion_tokens and completion_tokens >= EMPTY_AFTER and not text.strip() and not token_ids:
+        problems.append(f"{completion_tokens} tokens produced no visible text")
     return CanaryResult(unit=unit, count=len(seq), longest_run=run, zero_run=zero_run, nan_logprobs=bad,
                         problems=problems)

@@ -31,7 +31,7 @@ def run_validation(url: str, model: str, settings: Settings, *, suites=SUITES, o
             except Exception as exc:  # noqa: BLE001 - one broken suite must not lose the others' results
                 results["suites"][name] = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "checks": []}
             results["suites"][name]["seconds"] = time.monotonic() - t0
-            run.event("suite", name=name, result=results["suites"][name])
+            run.event("suite", suite=name, result=results["suites"][name])
     finally:
         client.close()
     results["aborted"] = run.dead

@@ -104,7 +104,8 @@ def _bar(run: Run, total: int, desc: str):
 
 
 def _canary_of(r: Reply) -> canary.CanaryResult:
-    return canary.check(text=r.content + r.reasoning, token_ids=r.token_ids, tokens=r.tokens, logprobs=r.logprobs)
+    return canary.check(text=r.content + r.reasoning, token_ids=r.token_ids, tokens=r.tokens, logprobs=r.logprobs,
+                        completion_tokens=r.completion_tokens)
 
 
 def calibrate(run: Run) -> dict:
@@ -143,7 +144,9 @@ def needle(run: Run) -> dict:
         for i, n in enumerate(lengths):
             codes = needle_codes(s.seed + i)
             question = "\n\nWhat are the three secret code numbers in the text above? Reply with the three numbers only."
-            body = with_needles(f.text(run.chars_for(n) - len(question)), DEPTHS, codes)
+            # question and needle sentences are costed at one token per character (digits often are)
+            extra = len(question) + sum(len(f"The secret code number {k} is {c}. ") for k, c in enumerate(codes, 1))
+            body = with_needles(f.text(max(run.chars_for(n) - int(extra * run.cpt), 0)), DEPTHS, codes)
             r = run.request([{"role": "user", "content": body + question}], max_tokens=s.answer_tokens, stream=True)
             kv = run.sample_kv(f"needle {n}")
             found = [c in (r.content + r.reasoning) for c in codes]

@@ -1,0 +1,53 @@
+"""Canary rules and the deterministic filler, on exact inputs."""
+
+from __future__ import annotations
+
+import math
+
+from sglang_ssd_stream.operate.validate import canary
+from sglang_ssd_stream.operate.validate.filler import Filler, needle_codes, with_needles
+
+
+def test_token_id_zero_run_detected():
+    r = canary.check(text="", token_ids=[5, 0, 0, 0, 0, 0, 0, 0, 0, 9])
+    assert r.unit == "token_id" and r.zero_run == 8 and r.problems == ["token-id-0 run of 8 (token_id)",
+                                                                        ]
+
+
+def test_bang_run_is_token_zero_without_ids():
+    r = canary.check(text="ok" + "!" * 8)
+    assert r.problems == ["token-id-0 run of 8 (char)"]
+    assert canary.check(text="ok!!!!!!!").ok  # 7 is below the limit
+
+
+def test_nan_logprobs_detected():
+    r = canary.check(text="a b", tokens=["a", " b"], logprobs=[-0.1, math.nan])
+    assert r.problems == ["1 NaN/+Inf log-probabilities"]
+
+
+def test_degenerate_repetition():
+    r = canary.check(text="", tokens=["x"] * 32)
+    assert r.problems == ["degenerate repetition: 'x' x 32 (token)"]
+    assert canary.check(text="", tokens=["x"] * 31).ok
+
+
+def test_tokens_without_visible_text():
+    assert canary.check(text="\n\n", completion_tokens=40).problems == ["40 tokens produced no visible text"]
+    assert canary.check(text="\n\n", completion_tokens=15).ok
+
+
+def test_filler_is_deterministic_and_prefix_stable():
+    a, b = Filler(3), Filler(3)
+    assert a.text(5000) == b.text(5000)
+    assert a.text(100) == b.text(5000)[:100]
+    assert Filler(4).text(200) != a.text(200)
+
+
+def test_needles_at_depths():
+    body = Filler(1).text(10_000)
+    codes = needle_codes(1)
+    text = with_needles(body, (0.1, 0.5, 0.9), codes)
+    for i, (code, depth) in enumerate(zip(codes, (0.1, 0.5, 0.9)), 1):
+        pos = text.index(f"The secret code number {i} is {code}.")
+        assert abs(pos / len(text) - depth) < 0.02
+    assert len(set(codes)) == 3 and needle_codes(1) == codes

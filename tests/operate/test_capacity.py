@@ -194,3 +194,43 @@ def test_weights_from_index(tmp_path):
 
 def test_gib_constant():
     assert GIB == 1 << 30
+
+
+def test_plan_command_uses_profile_values(tmp_path, capsys):
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+
+    m = write_model(tmp_path / "m")
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), "sglang")
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--json", "--sessions", "250000"])
+    assert args.func(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["context_length"], doc["pool_tokens"], doc["running"], doc["mamba_slots"], doc["page_size"]) == \
+        (262_144, 557_056, 4, 16, 64)
+    assert doc["at_context_gib"]["target_plus_draft"] == 3.25 and doc["sessions"] == {"250000": 2}
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--max-mamba-cache-size", "5"])
+    with pytest.raises(PlanRefused, match="admit only 1 of 4"):
+        args.func(args)
+    # memory fit with weights read from the index (4,000 B + 500 B of draft): fits, text output
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--draft", str(m / "mtp"),
+                         "--device-memory-gib", "16"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "Mamba: 16 slots (16 needed for 4 requests x (1 + 3))" in out and "memory: 15.20 GiB static" in out
+
+
+def test_plan_vllm_profile(tmp_path, capsys):
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+
+    m = write_model(tmp_path / "m")
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), "vllm")
+    args = p.parse_args(["plan", "--profile", "a100x4", "--model", str(m), "--max-total-tokens", "2955692", "--json"])
+    assert args.func(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["running"], doc["draft_steps"], doc["target_kv_dtype"]) == (8, 3, "bfloat16")
+    assert round(doc["sharing"]["full_windows_exact"], 2) == 11.28

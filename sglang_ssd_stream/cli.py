@@ -16,6 +16,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .model_view import add_model_view_commands
     from .patching.cli import add_patch_commands
     from .sidecar.cli import add_sidecar_commands
 
@@ -26,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_patch_commands(sub, "sglang")
     sidecar = sub.add_parser("sidecar", help="build and verify PLE sidecars")
     add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=_Parser))
+    model = sub.add_parser("model", help="build and check model views (checkpoint without PLE shards + sidecar)")
+    add_model_view_commands(model.add_subparsers(dest="verb", required=True, parser_class=_Parser))
     return parser
 
 

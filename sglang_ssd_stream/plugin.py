@@ -29,8 +29,10 @@ def register() -> None:
     try:
         _guard_source_state()
         from . import knobs
+        from .ple import hooks as ple_hooks
 
         knobs.apply_all()
+        ple_hooks.install()  # PLE sidecar streaming; its hooks must land or the worker stops
     except SystemExit:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure must stop the worker, see module docstring

@@ -32,3 +32,8 @@ def test_bad_knob_stops_the_process(sglang):
     sglang.ensure_patched()
     _run(sglang, EXPECT="refuse", EXPECT_MESSAGE="is not an integer number of MiB",
          SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB="32MB")
+
+
+def test_failing_hook_installation_stops_the_process(sglang):
+    sglang.ensure_patched()
+    _run(sglang, EXPECT="refuse", EXPECT_MESSAGE="Qwen4ExpPinnedHostEmbedding.gather is missing", FAIL_PLE_HOOKS="1")

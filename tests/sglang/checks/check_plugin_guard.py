@@ -2,6 +2,7 @@
 
 EXPECT=start   load_plugins() returns and our plugin ran (knob applied)
 EXPECT=refuse  load_plugins() raises SystemExit naming the fix
+FAIL_PLE_HOOKS=1 makes the PLE hook installation raise, as a renamed upstream target would
 """
 
 import os
@@ -13,6 +14,14 @@ def test_guard():
     from sglang.srt.plugins import load_plugins
 
     import sglang_ssd_stream.plugin as plugin
+
+    if os.environ.get("FAIL_PLE_HOOKS") == "1":
+        from sglang_ssd_stream.ple import hooks
+
+        def broken_install():
+            raise RuntimeError("target sglang.srt.models.qwen4_exp.Qwen4ExpPinnedHostEmbedding.gather is missing")
+
+        hooks.install = broken_install
 
     if os.environ["EXPECT"] == "refuse":
         with pytest.raises(SystemExit) as exc:

@@ -45,6 +45,11 @@ fi
 # Our own runtime and test dependencies; quick when already satisfied.
 "$venv/bin/pip" install -q "filelock>=3.12" "unidiff>=0.7.5" "packaging>=23" "tqdm>=4.66" \
     "safetensors>=0.4" "pytest>=8" "hypothesis>=6.100" >&2
+# The validation suite's end-to-end test serves a tiny model with `transformers serve` (needs
+# accelerate) and plots latency (matplotlib); only the sglang venv runs it.
+if [ "$engine" = sglang ]; then
+    "$venv/bin/pip" install -q "accelerate==1.15.0" "matplotlib==3.11.2" >&2
+fi
 # The kit itself, editable, so the engine's plugin loaders see our entry points.
 "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$repo" >&2
 echo "$venv/bin/python"

@@ -17,6 +17,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from .model_view import add_model_view_commands
+    from .operate import add_operate_commands
     from .patching.cli import add_patch_commands
     from .sidecar.cli import add_sidecar_commands
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=_Parser))
     model = sub.add_parser("model", help="build and check model views (checkpoint without PLE shards + sidecar)")
     add_model_view_commands(model.add_subparsers(dest="verb", required=True, parser_class=_Parser))
+    add_operate_commands(sub, "sglang")  # serve, plan, service, update-model, validate
     return parser
 
 

@@ -1,0 +1,574 @@
+"""``sglang-ssd-stream doctor``: refuse, before a 10-minute load, what cannot work; each finding names its fix.
+
+Facts are gathered once (:func:`gather_facts`) and judged by :func:`run_checks`, so tests inject
+them. Refusals (level ``error``, exit 2):
+
+- the sglang source is not in the patched state (unknown, half-patched or missing files, or a
+  release this kit has no manifest for); pristine is refused unless the plugin's own escape hatch
+  ``SGLANG_SSD_STREAM_ALLOW_UNPATCHED=1`` is set;
+- no CUDA device;
+- ``--qsa-indexer-dtype fp8_e4m3`` off SM90/SM100, which sglang 0.5.23 refuses at startup
+  (``arg_groups/model_overrides/qwen4_exp.py``: TileLang fp8 scoring is validated only there);
+- ``--ple-offload-backend file`` on a device whose pageable host memory is not read through the
+  host page tables (sglang's ``check_file_backend_supported`` refuses it after the weights load);
+- weights plus the requested KV/Mamba pool larger than the device memory sglang may use;
+- no C or C++ compiler: the first start JIT-compiles kernels for the device (Triton launchers,
+  sglang's tvm-ffi JIT, FlashInfer), which the Thor recipe gets from ``build-essential``.
+
+Warnings: the PLE sidecar not on a local NVMe disk (rows are random 4 KiB reads); on SM110 an
+NVFP4 MoE left on ``--moe-runner-backend auto`` (patch 0004's header: sglang then picks
+flashinfer_trtllm, unverified on sm_110; the Thor profile passes flashinfer_cutlass); and, on an
+integrated (unified-memory) GPU such as Thor, the write-up's host advice: about 16 GB of swap with
+``vm.swappiness=10`` as a buffer for transient pressure, and a persistent journal, without which
+a watchdog reboot erases the last run's logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+ERROR, WARNING, OK = "error", "warning", "ok"
+GIB = 1 << 30
+
+FP8_INDEXER_MAJORS = (9, 10)  # sglang 0.5.23: "--qsa-indexer-dtype fp8_e4m3 requires a CUDA SM90/SM100 GPU"
+SM110_MAJOR = 11
+THOR_SWAP_MIN_BYTES = 15 * GIB  # write-up 000: "about 16 GB total swap" (JetPack's ~2 GB + a 14 GiB file)
+THOR_SWAPPINESS = 10
+C_COMPILERS = ("cc", "gcc", "clang")
+CXX_COMPILERS = ("c++", "g++", "clang++")
+ALLOW_UNPATCHED_ENV = "SGLANG_SSD_STREAM_ALLOW_UNPATCHED"  # the plugin's name for it (plugin.py)
+PLE_SKIP_DEVICE_CHECK_ENV = "SGLANG_QWEN4_PLE_FILE_SKIP_DEVICE_CHECK"  # sglang's escape hatch
+MOUNTS_PATH = "/proc/mounts"
+
+SWAP_FIX = ("add a 14 GiB swapfile (write-up 000): sudo fallocate -l 14G /swapfile.thor && sudo chmod 600 "
+            "/swapfile.thor && sudo mkswap /swapfile.thor && sudo swapon /swapfile.thor; echo '/swapfile.thor none "
+            "swap sw 0 0' | sudo tee -a /etc/fstab")
+SWAPPINESS_FIX = "echo 'vm.swappiness=10' | sudo tee /etc/sysctl.d/90-thor-llm.conf && sudo sysctl --system"
+JOURNALD_FIX = ("sudo install -d -m 2755 /var/log/journal; write /etc/systemd/journald.conf.d/90-thor-llm.conf with "
+                "'[Journal]' 'Storage=persistent' 'SystemMaxUse=1G' 'SystemKeepFree=2G'; "
+                "sudo systemctl restart systemd-journald")
+NVME_FIX = "put the PLE sidecar on a local NVMe disk (copy the artifact, or point --model at a view on NVMe)"
+
+
+# ----------------------------------------------------------------------------- facts
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    capability: tuple[int, int]
+    total_memory_bytes: int
+    integrated: bool  # unified memory (Jetson Thor, GB10): device memory is the host's
+    pageable_memory_access: bool | None  # cudaDevAttrPageableMemoryAccessUsesHostPageTables; None: unknown
+
+
+@dataclass(frozen=True)
+class Disk:
+    path: str
+    fstype: str | None
+    device: str | None  # block device name, e.g. nvme0n1
+    kind: str  # "nvme" | "ssd" | "hdd" | "network" | "memory" | "unknown"
+
+
+@dataclass(frozen=True)
+class SourceState:
+    state: str  # "patched" | "pristine" | "mixed" | "unknown" | "error"
+    detail: str
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the launch asks for (server flags and the environment it will run in)."""
+
+    qsa_indexer_dtype: str | None = None
+    ple_offload_backend: str | None = None
+    moe_runner_backend: str | None = None
+    quantization: str | None = None
+    mem_fraction_static: float | None = None
+    memory_need_bytes: int | None = None  # weights + KV/Mamba pool, from the capacity planner
+    memory_plan_error: str | None = None  # the planner refused the pool
+    allow_unpatched: bool = False
+    ple_skip_device_check: bool = False
+
+
+@dataclass(frozen=True)
+class Facts:
+    device: Device | None  # None: no CUDA device
+    source: SourceState
+    c_compiler: str | None
+    cxx_compiler: str | None
+    swap_bytes: int | None
+    swappiness: int | None
+    journald_persistent: bool | None  # None: no systemd-journald here
+    sidecar_disks: tuple[Disk, ...] = ()
+    request: Request = field(default_factory=Request)
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str
+    check: str
+    message: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        return f"[{self.level}] {self.check}: {self.message}" + (f"\n    fix: {self.fix}" if self.fix else "")
+
+
+def _cuda_device() -> Device | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    try:  # sglang's own query of attribute 100 (ctypes on libcudart); one source for what it refuses
+        from sglang.srt.models.qwen4_exp_ple_table import device_uses_host_page_tables
+
+        pageable = device_uses_host_page_tables(0)
+    except ImportError:
+        pageable = None
+    return Device(name=props.name, capability=(props.major, props.minor), total_memory_bytes=props.total_memory,
+                  integrated=bool(getattr(props, "is_integrated", False)), pageable_memory_access=pageable)
+
+
+def source_state(python: str | None = None) -> SourceState:
+    """The patch state of the sglang this interpreter (or ``python``) imports."""
+    from .errors import KitError
+    from .patching import commands
+    from .patching.engines import ENGINES
+    from .patching.state import PATCHED, PRISTINE
+    from .patching.target import from_python, from_this_process
+
+    engine = ENGINES["sglang"]
+    try:
+        report = commands.status(from_python(engine, python) if python else from_this_process(engine))
+    except KitError as exc:
+        return SourceState("error", exc.message)
+    states = {f.state for f in report.files}
+    listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
+    release = f"sglang {report.target.release}"
+    if states == {PATCHED}:
+        return SourceState("patched", f"{release}: {len(report.files)} files patched")
+    if states == {PRISTINE}:
+        return SourceState("pristine", f"{release}: {listing}")
+    if states <= {PATCHED, PRISTINE}:
+        return SourceState("mixed", f"{release}: {listing}")
+    return SourceState("unknown", f"{release}: {listing}")
+
+
+def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+def _read_int(path: str | Path) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def journald_persistent(etc: str | Path = "/etc/systemd", var_log: str | Path = "/var/log/journal") -> bool | None:
+    """Storage= from journald.conf and its drop-ins (last wins); ``auto`` persists iff /var/log/journal exists."""
+    etc = Path(etc)
+    main = etc / "journald.conf"
+    dropins = sorted((etc / "journald.conf.d").glob("*.conf")) if (etc / "journald.conf.d").is_dir() else []
+    if not main.exists() and not dropins:
+        return None
+    storage = "auto"
+    for conf in [main, *dropins]:
+        try:
+            text = conf.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and key.strip() == "Storage":
+                storage = value.strip().lower()
+    if storage == "persistent":
+        return True
+    if storage == "auto":
+        return Path(var_log).is_dir()
+    return False
+
+
+def _unescape(field: str) -> str:
+    return field.encode().decode("unicode_escape")  # /proc/mounts writes a space as \040
+
+
+def _mounts(mounts_path: str) -> list[tuple[str, str, str]]:
+    """(source, mount point, fstype) per line of a mounts table."""
+    try:
+        lines = Path(mounts_path).read_text().splitlines()
+    except OSError:
+        return []
+    return [(_unescape(p[0]), _unescape(p[1]), p[2]) for p in (line.split() for line in lines) if len(p) >= 3]
+
+
+def classify_disk(path: str | os.PathLike, *, mounts_path: str = MOUNTS_PATH, sys_root: str = "/sys") -> Disk:
+    """The storage behind ``path``: the longest mount point above it, its filesystem and block device."""
+    from .sidecar.format import NETWORK_FS_TYPES
+
+    real = os.path.realpath(path)
+    best = None
+    for source, point, fstype in _mounts(mounts_path):
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > len(best[1])):
+            best = (source, point, fstype)
+    if best is None:
+        return Disk(str(path), None, None, "unknown")
+    source, _, fstype = best
+    if fstype in NETWORK_FS_TYPES:
+        return Disk(str(path), fstype, None, "network")
+    if fstype in ("tmpfs", "ramfs"):
+        return Disk(str(path), fstype, None, "memory")
+    if not source.startswith("/dev/"):
+        return Disk(str(path), fstype, None, "unknown")
+    name = os.path.basename(os.path.realpath(source)) if os.path.exists(source) else os.path.basename(source)
+    block = Path(sys_root, "class", "block", name)
+    disk = name
+    if block.exists() and (block / "partition").exists():
+        disk = block.resolve().parent.name  # a partition: its disk is the parent in sysfs
+    if disk.startswith("nvme"):
+        return Disk(str(path), fstype, disk, "nvme")
+    rotational = _read_int(Path(sys_root, "block", disk, "queue", "rotational"))
+    return Disk(str(path), fstype, disk, {0: "ssd", 1: "hdd"}.get(rotational, "unknown"))
+
+
+def _compiler(names: Iterable[str]) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def gather_facts(*, python: str | None = None, sidecar_paths: Iterable[str] = (),
+                 request: Request | None = None) -> Facts:
+    """The facts of this machine (no CUDA device is a fact, not an error)."""
+    mem = _meminfo()
+    return Facts(
+        device=_cuda_device(),
+        source=source_state(python),
+        c_compiler=_compiler(C_COMPILERS),
+        cxx_compiler=_compiler(CXX_COMPILERS),
+        swap_bytes=mem.get("SwapTotal"),
+        swappiness=_read_int("/proc/sys/vm/swappiness"),
+        journald_persistent=journald_persistent(),
+        sidecar_disks=tuple(classify_disk(p) for p in sidecar_paths),
+        request=request or Request(),
+    )
+
+
+# ----------------------------------------------------------------------------- requested server args
+
+
+def request_from_argv(argv: Iterable[str], env: Mapping[str, str] | None = None, *,
+                      memory_need_bytes: int | None = None, memory_plan_error: str | None = None) -> Request:
+    """The flags the checks read, from a launch command line (``--flag value`` or ``--flag=value``)."""
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(add_help=False)
+    for flag in ("--qsa-indexer-dtype", "--ple-offload-backend", "--moe-runner-backend", "--quantization"):
+        parser.add_argument(flag)
+    parser.add_argument("--mem-fraction-static", type=float)
+    known, _ = parser.parse_known_args([str(a) for a in argv])
+    return Request(qsa_indexer_dtype=known.qsa_indexer_dtype, ple_offload_backend=known.ple_offload_backend,
+                   moe_runner_backend=known.moe_runner_backend, quantization=known.quantization,
+                   mem_fraction_static=known.mem_fraction_static, memory_need_bytes=memory_need_bytes,
+                   memory_plan_error=memory_plan_error, allow_unpatched=env.get(ALLOW_UNPATCHED_ENV) == "1",
+                   ple_skip_device_check=env.get(PLE_SKIP_DEVICE_CHECK_ENV, "").lower() in ("1", "true"))
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _arch(device: Device) -> str:
+    return f"{device.name} (SM{device.capability[0]}{device.capability[1]})"
+
+
+def check_source(facts: Facts) -> Finding:
+    s = facts.source
+    fix_apply = "sglang-ssd-stream patch apply (in the runtime that serves)"
+    if s.state == "patched":
+        return Finding(OK, "source", s.detail)
+    if s.state == "pristine":
+        if facts.request.allow_unpatched:
+            return Finding(WARNING, "source", f"unpatched sglang accepted by {ALLOW_UNPATCHED_ENV}=1: {s.detail}",
+                           fix_apply)
+        return Finding(ERROR, "source", f"sglang is unpatched ({s.detail}); the plugin refuses to start on it",
+                       fix_apply)
+    if s.state == "mixed":
+        return Finding(ERROR, "source", f"sglang is half-patched ({s.detail})",
+                       "sglang-ssd-stream patch apply (it completes or recovers the series)")
+    if s.state == "unknown":
+        return Finding(ERROR, "source", f"sglang files match no known state ({s.detail})",
+                       "reinstall the pinned sglang (pip install --force-reinstall --no-deps sglang==0.5.23), then "
+                       "sglang-ssd-stream patch apply")
+    return Finding(ERROR, "source", f"cannot tell the sglang source state: {s.detail}",
+                   "run the doctor with the runtime's Python (--python), where the pinned sglang is installed")
+
+
+def check_device(facts: Facts) -> Finding:
+    if facts.device is None:
+        return Finding(ERROR, "device", "no CUDA device: torch sees no GPU here",
+                       "run on the GPU host; check the driver with nvidia-smi and that this Python's torch is a CUDA "
+                       "build")
+    d = facts.device
+    return Finding(OK, "device", f"{_arch(d)}, {d.total_memory_bytes / GIB:.1f} GiB"
+                   + (", unified memory" if d.integrated else ""))
+
+
+def check_fp8_indexer(facts: Facts) -> Finding | None:
+    if facts.request.qsa_indexer_dtype != "fp8_e4m3" or facts.device is None:
+        return None
+    if facts.device.capability[0] in FP8_INDEXER_MAJORS:
+        return Finding(OK, "qsa_indexer_dtype", f"fp8_e4m3 is supported on {_arch(facts.device)}")
+    return Finding(ERROR, "qsa_indexer_dtype", f"--qsa-indexer-dtype fp8_e4m3 needs SM90/SM100; sglang refuses it on "
+                   f"{_arch(facts.device)} at startup",
+                   "drop --qsa-indexer-dtype fp8_e4m3 (auto keeps the bfloat16 indexer)")
+
+
+def check_ple_backend(facts: Facts) -> Finding | None:
+    if facts.request.ple_offload_backend != "file" or facts.device is None:
+        return None
+    access = facts.device.pageable_memory_access
+    if access:
+        return Finding(OK, "ple_offload_backend", "the device reads pageable host memory through the host page tables")
+    if facts.request.ple_skip_device_check:
+        return Finding(WARNING, "ple_offload_backend", f"device check skipped by {PLE_SKIP_DEVICE_CHECK_ENV}; "
+                       f"{'the device reports no' if access is False else 'unknown'} pageable-memory access",
+                       "--ple-offload-backend pinned")
+    if access is False:
+        return Finding(ERROR, "ple_offload_backend", f"--ple-offload-backend file needs pageable host memory read "
+                       f"through the host page tables; {_arch(facts.device)} reports it does not, and sglang refuses "
+                       f"after loading the weights", "--ple-offload-backend pinned")
+    return Finding(ERROR, "ple_offload_backend", "cannot query cudaDevAttrPageableMemoryAccessUsesHostPageTables; "
+                   "sglang refuses the file backend without it", "--ple-offload-backend pinned")
+
+
+def check_memory(facts: Facts) -> Finding | None:
+    r = facts.request
+    if r.memory_plan_error:
+        return Finding(ERROR, "memory", r.memory_plan_error, "lower --max-total-tokens or --context-length; see "
+                       "sglang-ssd-stream plan")
+    if r.memory_need_bytes is None or facts.device is None:
+        return None
+    fraction = r.mem_fraction_static if r.mem_fraction_static is not None else 1.0
+    usable = facts.device.total_memory_bytes * fraction
+    need = r.memory_need_bytes
+    if need > usable:
+        return Finding(ERROR, "memory", f"weights and pool need {need / GIB:.2f} GiB, but {_arch(facts.device)} "
+                       f"gives sglang {usable / GIB:.2f} GiB ({facts.device.total_memory_bytes / GIB:.1f} GiB x "
+                       f"{fraction:g})", "lower --max-total-tokens or --max-mamba-cache-size (sglang-ssd-stream plan "
+                       "shows what fits)")
+    return Finding(OK, "memory", f"{need / GIB:.2f} GiB needed of {usable / GIB:.2f} GiB")
+
+
+def check_compilers(facts: Facts) -> Finding:
+    missing = [what for what, found in (("C", facts.c_compiler), ("C++", facts.cxx_compiler)) if not found]
+    if missing:
+        return Finding(ERROR, "compiler", f"no {' or '.join(missing)} compiler on PATH; the first start compiles "
+                       f"kernels for this device (Triton launchers, sglang JIT, FlashInfer)",
+                       "sudo apt-get install -y build-essential")
+    return Finding(OK, "compiler", f"{facts.c_compiler}, {facts.cxx_compiler}")
+
+
+def check_sidecar_disks(facts: Facts) -> list[Finding]:
+    out = []
+    for disk in facts.sidecar_disks:
+        where = f"{disk.path} ({disk.fstype or 'unknown fs'}{', ' + disk.device if disk.device else ''})"
+        if disk.kind == "nvme":
+            out.append(Finding(OK, "sidecar_disk", f"{where}: local NVMe"))
+        else:
+            why = {"network": "a network filesystem", "hdd": "a rotational disk", "ssd": "a non-NVMe SSD",
+                   "memory": "memory (lost on reboot, and it competes with the model for RAM)",
+                   "unknown": "storage of unknown type"}[disk.kind]
+            out.append(Finding(WARNING, "sidecar_disk", f"{where} is on {why}; PLE rows are random 4 KiB reads",
+                               NVME_FIX))
+    return out
+
+
+def check_moe_runner(facts: Facts) -> Finding | None:
+    r, d = facts.request, facts.device
+    if d is None or d.capability[0] != SM110_MAJOR or r.quantization != "modelopt_fp4":
+        return None
+    if r.moe_runner_backend in (None, "auto"):
+        return Finding(WARNING, "moe_runner_backend", "NVFP4 MoE with --moe-runner-backend auto resolves to "
+                       "flashinfer_trtllm on SM110, whose kernels are unverified there",
+                       "--moe-runner-backend flashinfer_cutlass (the Thor profile's)")
+    return Finding(OK, "moe_runner_backend", r.moe_runner_backend)
+
+
+def check_unified_memory_host(facts: Facts) -> list[Finding]:
+    """Write-up 000's host advice for unified-memory boards (swap, swappiness, persistent journal)."""
+    if facts.device is None or not facts.device.integrated:
+        return []
+    out = []
+    if facts.swap_bytes is not None and facts.swap_bytes < THOR_SWAP_MIN_BYTES:
+        out.append(Finding(WARNING, "swap", f"{facts.swap_bytes / GIB:.1f} GiB of swap; CPU and GPU share memory "
+                           f"here, and about 16 GiB absorbs transient pressure", SWAP_FIX))
+    if facts.swappiness is not None and facts.swappiness != THOR_SWAPPINESS:
+        out.append(Finding(WARNING, "swappiness", f"vm.swappiness is {facts.swappiness}; the write-up runs 10",
+                           SWAPPINESS_FIX))
+    if facts.journald_persistent is False:
+        out.append(Finding(WARNING, "journald", "the journal is not persistent: a watchdog reboot erases the logs "
+                           "of the run that caused it", JOURNALD_FIX))
+    return out
+
+
+def run_checks(facts: Facts) -> list[Finding]:
+    findings = [check_source(facts), check_device(facts), check_compilers(facts)]
+    for check in (check_fp8_indexer, check_ple_backend, check_memory, check_moe_runner):
+        found = check(facts)
+        if found is not None:
+            findings.append(found)
+    findings += check_sidecar_disks(facts)
+    findings += check_unified_memory_host(facts)
+    return findings
+
+
+def errors_of(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == ERROR]
+
+
+def as_json(facts: Facts, findings: list[Finding]) -> dict:
+    return {"facts": asdict(facts), "findings": [asdict(f) for f in findings], "ok": not errors_of(findings)}
+
+
+# ----------------------------------------------------------------------------- launch inputs
+
+
+def _profile_argv(profile: str | None, engine: str, model: str | None, draft: str | None) -> list[str]:
+    if profile is None:
+        return []
+    from .operate.profiles import DRAFT, MODEL, get_profile
+
+    argv = []
+    for flag, value in get_profile(profile, engine).args:
+        argv.append(flag)
+        if value is not None:
+            argv.append({MODEL: model or "", DRAFT: draft or ""}.get(value, value))
+    return argv
+
+
+def _flag(argv: list[str], flag: str) -> str | None:
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
+    """(weights + KV/Mamba pool bytes, or the planner's refusal) for a launch that names its pool."""
+    from .errors import KitError
+    from .operate.capacity import GIB as PLAN_GIB, load_geometry, plan, weights_bytes
+
+    def num(flag, default=None):
+        v = _flag(argv, flag)
+        return default if v is None else int(v)
+
+    context, pool = num("--context-length"), num("--max-total-tokens")
+    if context is None or pool is None:
+        return None, None
+    steps = num("--speculative-num-steps", 0) if _flag(argv, "--speculative-algorithm") else 0
+    try:
+        p = plan(load_geometry(Path(model) / "config.json"), context_length=context, pool_tokens=pool,
+                 running=num("--max-running-requests", 1), draft_steps=steps,
+                 mamba_slots=num("--max-mamba-cache-size"), page_size=num("--page-size", 1),
+                 target_kv_dtype=_flag(argv, "--kv-cache-dtype") or "bfloat16",
+                 draft_kv_dtype=_flag(argv, "--speculative-draft-kv-cache-dtype"),
+                 ssm_dtype=_flag(argv, "--mamba-ssm-dtype") or "float32")
+        weights = weights_bytes(model)
+    except KitError as exc:
+        return None, exc.message
+    return int(weights + (p.pool_gib["total"] + p.mamba["total_gib"]) * PLAN_GIB), None
+
+
+def sidecar_paths(model: str | None, explicit: Iterable[str] = ()) -> list[str]:
+    paths = list(explicit)
+    if model and not paths and Path(model, "ssd-stream.json").exists():
+        from .sidecar.format import load_manifest
+
+        manifest = load_manifest(model, trusted_roots=[os.path.realpath(model)], check_files=False)
+        paths = sorted({str(t.file) for t in manifest.tables})
+    return paths
+
+
+def diagnose(*, engine: str = "sglang", profile: str | None = None, model: str | None = None,
+             draft: str | None = None, argv: Iterable[str] = (), env: Mapping[str, str] | None = None,
+             python: str | None = None, sidecars: Iterable[str] = ()) -> tuple[Facts, list[Finding]]:
+    env = os.environ if env is None else env
+    full = _profile_argv(profile, engine, model, draft) + [str(a) for a in argv]
+    need, plan_error = memory_need(model, full) if model else (None, None)
+    request = request_from_argv(full, env, memory_need_bytes=need, memory_plan_error=plan_error)
+    facts = gather_facts(python=python, sidecar_paths=sidecar_paths(model, sidecars), request=request)
+    return facts, run_checks(facts)
+
+
+def preflight(*, engine: str, profile: str, model: str, draft: str | None, env: Mapping[str, str],
+              argv: Iterable[str] = ()) -> list[str]:
+    """The ``serve`` seam (operate/preflight.py): raise on a refusal, return warnings."""
+    if engine != "sglang":
+        return []  # vLLM has its own preflight (vllm_ple_offload.preflight)
+    from .operate.errors import ServeRefused
+
+    _, findings = diagnose(engine=engine, profile=profile, model=model, draft=draft, argv=argv, env=env)
+    bad = errors_of(findings)
+    if bad:
+        raise ServeRefused("doctor refused the launch:\n" + "\n".join(f.line() for f in bad))
+    return [f"{f.check}: {f.message} (fix: {f.fix})" for f in findings if f.level == WARNING]
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def add_doctor_command(subparsers) -> None:
+    p = subparsers.add_parser(
+        "doctor", help="check this machine and the sglang install before serving (exit 2 on a refusal)",
+        description=__doc__.split("\n\n")[0])
+    p.add_argument("--python", metavar="PATH", help="check the sglang that this interpreter imports")
+    p.add_argument("--profile", help="take the server flags of a launch profile (e.g. thor)")
+    p.add_argument("--model", metavar="DIR", help="model view: sidecar location and memory need")
+    p.add_argument("--draft", metavar="DIR", help="MTP draft directory (for the profile's flags)")
+    p.add_argument("--sidecar", action="append", default=[], metavar="PATH", help="a sidecar file or folder to check")
+    p.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then the sglang flags of the launch")
+    p.set_defaults(func=run_doctor_command)
+
+
+def run_doctor_command(args) -> int:
+    from .errors import EXIT_OK, EXIT_REFUSED
+
+    extra = list(args.server_args or [])
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    facts, findings = diagnose(profile=args.profile, model=args.model, draft=args.draft, argv=extra,
+                               python=args.python, sidecars=args.sidecar)
+    if args.json:
+        print(json.dumps(as_json(facts, findings), indent=2))
+    else:
+        for f in findings:
+            print(f.line())
+        bad = errors_of(findings)
+        print(f"doctor: {len(bad)} refusal(s)" if bad else "doctor: nothing refused", file=sys.stderr)
+    return EXIT_REFUSED if errors_of(findings) else EXIT_OK

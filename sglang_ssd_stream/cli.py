@@ -16,6 +16,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .doctor import add_doctor_command
     from .model_view import add_model_view_commands
     from .operate import add_operate_commands
     from .patching.cli import add_patch_commands
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="build and check model views (checkpoint without PLE shards + sidecar)")
     add_model_view_commands(model.add_subparsers(dest="verb", required=True, parser_class=_Parser))
     add_operate_commands(sub, "sglang")  # serve, plan, service, update-model, validate
+    add_doctor_command(sub)
     return parser
 
 

@@ -50,7 +50,7 @@ def cmd_serve(args, exec_fn=None) -> int:
     launch = build_launch(profile, model=model, draft=draft if profile.needs_draft else None, host=args.host,
                           port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
                           allow_unauthenticated=args.allow_unauthenticated, extra=args.extra)
-    preflight(profile, model, draft if profile.needs_draft else None, launch.env)
+    preflight(profile, model, draft if profile.needs_draft else None, launch.env, launch.argv)
     if args.dry_run:
         print(launch.shell())
         return EXIT_OK

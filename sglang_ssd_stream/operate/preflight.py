@@ -2,8 +2,8 @@
 
 Our own checks are cheap and certain (files exist, the sidecar manifest loads with the right
 sizes; no 47 GiB hash pass, the plugin does that with its cache). The doctor module, when it is
-installed, adds host checks through ``doctor.preflight(engine=, profile=, model=, draft=, env=)``:
-it raises a KitError to refuse and may return a list of warning strings.
+adds host checks through ``doctor.preflight(engine=, profile=, model=, draft=, env=, argv=)``:
+it raises a KitError to refuse and returns a list of warning strings.
 """
 
 from __future__ import annotations
@@ -33,25 +33,17 @@ def check_files(profile, model: str, draft: str | None) -> None:
         load_manifest(model, trusted_roots=[os.path.realpath(model)])  # raises Sidecar* (BadKitData) errors
 
 
-def run_doctor(profile, model: str, draft: str | None, env: dict) -> list[str]:
-    """Call ``doctor.preflight`` if the doctor module exists; its KitError refuses the launch."""
-    try:
-        doctor = importlib.import_module(DOCTOR_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != DOCTOR_MODULE:
-            raise
-        return []
-    hook = getattr(doctor, "preflight", None)
-    if hook is None:
-        return []
-    warnings = hook(engine=profile.engine, profile=profile.name, model=model, draft=draft, env=env)
-    return list(warnings or [])
+def run_doctor(profile, model: str, draft: str | None, env: dict, argv: list[str]) -> list[str]:
+    """``doctor.preflight`` sees the whole launch line (profile flags and extras); its KitError refuses."""
+    doctor = importlib.import_module(DOCTOR_MODULE)  # looked up at call time so tests can stand in
+    return list(doctor.preflight(engine=profile.engine, profile=profile.name, model=model, draft=draft, env=env,
+                                 argv=argv) or [])
 
 
-def preflight(profile, model: str, draft: str | None, env: dict) -> list[str]:
+def preflight(profile, model: str, draft: str | None, env: dict, argv: list[str] = ()) -> list[str]:
     """Raise on anything that must stop the launch; return warnings (printed on stderr by serve)."""
     check_files(profile, model, draft)
-    warnings = run_doctor(profile, model, draft, env)
+    warnings = run_doctor(profile, model, draft, env, list(argv))
     for w in warnings:
         print(f"preflight: warning: {w}", file=sys.stderr)
     return warnings

@@ -219,6 +219,7 @@ def test_doctor_seam_called_and_can_refuse(tmp_path, monkeypatch):
     assert args.func(args) == 0
     assert (seen["engine"], seen["profile"], seen["model"], seen["draft"]) == ("sglang", "thor", str(model), f"{model}/mtp")
     assert seen["env"]["SGLANG_PLUGINS"] == "ssd_stream"
+    assert "--mem-fraction-static" in seen["argv"]  # the doctor sees the whole launch line
 
     def refuse(**kw):
         raise ServeRefused("swap missing")
@@ -252,3 +253,12 @@ def test_every_sglang_profile_flag_exists_in_real_sglang_0_5_23():
     flags = {f for p in PROFILES.values() if p.engine == "sglang" for f, _ in p.args}
     missing = sorted(f for f in flags if f"{f} " not in r.stdout and f"{f}\n" not in r.stdout)
     assert not missing
+
+
+@pytest.mark.real_doctor
+def test_real_doctor_refuses_this_cpu_only_host(tmp_path):
+    """No stand-in: the real doctor runs before exec and refuses a host without a CUDA device."""
+    model = write_model(tmp_path / "model")
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
+    with pytest.raises(ServeRefused, match="no CUDA device"):
+        args.func(args, exec_fn=lambda *a: pytest.fail("must not exec"))

@@ -29,8 +29,13 @@ def sglang():
 
 
 def pytest_generate_tests(metafunc):
+    """``sglang_release`` runs a test once per release whose manifest lists the module's ``PATCH_ID``."""
     if "sglang_release" in metafunc.fixturenames:
-        releases = [ENGINES["sglang"].pinned, *sorted(_other_releases())]
+        from sglang_ssd_stream.patching.manifest import known_manifests
+
+        patch_id = getattr(metafunc.module, "PATCH_ID")
+        listed = {m.release for m in known_manifests(ENGINES["sglang"]) if any(p.id == patch_id for p in m.patches)}
+        releases = [r for r in [ENGINES["sglang"].pinned, *sorted(_other_releases())] if r in listed]
         metafunc.parametrize("sglang_release", releases, indirect=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..engine import outcomes_only
 
+PATCH_ID = "0001-page-safe-truncation"
 CHECK = "tests/sglang/checks/check_0001_page_safe_truncation.py"
 
 # Each of these reproduces the bug on pristine sglang (assertion failures from the real code paths).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..engine import outcomes_only
 
+PATCH_ID = "0004-sm110-gates"
 CHECK = "tests/sglang/checks/check_0004_sm110_gates.py"
 ARCHS = ("sm110", "sm121", "sm120", "sm100", "sm90")
 
@@ -19,7 +20,8 @@ GUARDS = {
 } - RED
 
 
-def test_red_on_pristine_green_when_patched(sglang):
+def test_red_on_pristine_green_when_patched(sglang_release):
+    sglang = sglang_release
     sglang.ensure_pristine()
     red = sglang.run_checks(CHECK)
     assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]

@@ -1,0 +1,130 @@
+"""VLLM_PLE_* parsing (pure Python: our package only, no vLLM import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_ple_offload import env
+from vllm_ple_offload.errors import PleSettingsError
+from sglang_ssd_stream.errors import EXIT_USAGE
+
+
+def read(**kw):
+    return env.read_settings({k: v for k, v in kw.items()})
+
+
+def test_unset_means_off():
+    assert env.read_settings({}) is None
+    assert env.read_settings({"PATH": "/bin", "VLLM_PLUGINS": "x"}) is None
+
+
+def test_zero_means_off():
+    assert read(VLLM_PLE_CPU_OFFLOAD="0") is None
+
+
+def test_switch_alone_selects_pinned_with_defaults():
+    s = read(VLLM_PLE_CPU_OFFLOAD="1")
+    assert (s.backend, s.sidecar, s.streaming, s.allow_unpatched) == (env.PINNED, None, False, False)
+    assert (s.fetch_workers, s.rows_per_task) == (env.DEFAULT_FETCH_WORKERS, env.DEFAULT_ROWS_PER_TASK)
+
+
+@pytest.mark.parametrize("backend", env.STREAMING_BACKENDS)
+def test_streaming_backends(backend, tmp_path):
+    s = read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND=backend, VLLM_PLE_SIDECAR=str(tmp_path),
+             VLLM_PLE_FETCH_WORKERS="7", VLLM_PLE_ROWS_PER_TASK="100", VLLM_PLE_STATS_INTERVAL="50")
+    assert (s.backend, s.sidecar, s.streaming) == (backend, Path(tmp_path), True)
+    assert (s.fetch_workers, s.rows_per_task, s.stats_interval) == (7, 100, 50)
+    assert backend in s.describe() and str(tmp_path) in s.describe()
+
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(PleSettingsError, match=r"'nvme' is not a PLE backend; choose one of pinned, mmap, sidecar") as e:
+        read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="nvme")
+    assert e.value.exit_code == EXIT_USAGE and isinstance(e.value, ValueError)
+
+
+def test_backend_is_case_sensitive():
+    with pytest.raises(PleSettingsError, match="not a PLE backend"):
+        read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="Pinned")
+
+
+def test_unknown_variable_is_refused():
+    with pytest.raises(PleSettingsError, match=r"unknown variable\(s\) VLLM_PLE_BACKEND"):
+        read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_BACKEND="sidecar")
+
+
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_settings_without_the_switch_are_refused(switch):
+    kw = {"VLLM_PLE_OFFLOAD_BACKEND": "sidecar"}
+    if switch is not None:
+        kw["VLLM_PLE_CPU_OFFLOAD"] = switch
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_OFFLOAD_BACKEND set while VLLM_PLE_CPU_OFFLOAD is"):
+        env.read_settings(kw)
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "2", ""])
+def test_bad_switch_value(value):
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_CPU_OFFLOAD=.* must be 0 or 1"):
+        read(VLLM_PLE_CPU_OFFLOAD=value)
+
+
+@pytest.mark.parametrize("backend", env.STREAMING_BACKENDS)
+def test_streaming_needs_a_sidecar(backend):
+    with pytest.raises(PleSettingsError, match=f"{backend} needs VLLM_PLE_SIDECAR"):
+        read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND=backend)
+    with pytest.raises(PleSettingsError, match=r"\(it is empty\)"):
+        read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND=backend, VLLM_PLE_SIDECAR="")
+
+
+@pytest.mark.parametrize("name", ["VLLM_PLE_SIDECAR", "VLLM_PLE_FETCH_WORKERS", "VLLM_PLE_ROWS_PER_TASK",
+                                  "VLLM_PLE_STATS_INTERVAL"])
+def test_streaming_knobs_are_refused_with_pinned(name):
+    with pytest.raises(PleSettingsError, match=f"{name} only apply to the mmap and sidecar backends"):
+        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", name: "4"})
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("VLLM_PLE_FETCH_WORKERS", "0", "out of range 1..256"),
+    ("VLLM_PLE_FETCH_WORKERS", "257", "out of range 1..256"),
+    ("VLLM_PLE_FETCH_WORKERS", "24x", "is not an integer"),
+    ("VLLM_PLE_ROWS_PER_TASK", "0", "out of range 1.."),
+    ("VLLM_PLE_ROWS_PER_TASK", "1.5", "is not an integer"),
+    ("VLLM_PLE_STATS_INTERVAL", "-1", "out of range 0.."),
+])
+def test_bad_numbers(name, value, match, tmp_path):
+    with pytest.raises(PleSettingsError, match=match):
+        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "sidecar",
+                           "VLLM_PLE_SIDECAR": str(tmp_path), name: value})
+
+
+def test_allow_unpatched_flag():
+    assert read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_ALLOW_UNPATCHED="1").allow_unpatched
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_ALLOW_UNPATCHED='on' must be 0 or 1"):
+        read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_ALLOW_UNPATCHED="on")
+
+
+def test_errors_pickle():
+    import pickle
+
+    err = PleSettingsError("x")
+    assert pickle.loads(pickle.dumps(err)).message == "x"
+
+
+def test_every_vllm_ple_variable_is_named_only_in_env_py():
+    """One source of truth: no other module's code (docstrings aside) spells a VLLM_PLE_ name."""
+    import ast
+    import re
+
+    pkg = Path(env.__file__).parent
+    for path in sorted(pkg.glob("*.py")):
+        if path.name == "env.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        names = {m for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                 and id(n) not in docstrings for m in re.findall(r"VLLM_PLE_[A-Z_]+", n.value)}
+        assert not names, f"{path.name} spells {sorted(names)}; use vllm_ple_offload.env"

@@ -1,0 +1,151 @@
+"""Preflight checks over injected facts (pure Python: no vLLM, no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_ple_offload import env, preflight
+from vllm_ple_offload.errors import PreflightFailed
+from vllm_ple_offload.preflight import ERROR, OK, WARNING, DiskFacts, Facts
+
+GIB = 1 << 30
+PINNED = env.PleSettings(backend="pinned", sidecar=None, fetch_workers=24, rows_per_task=2048, stats_interval=0,
+                         allow_unpatched=False)
+SIDECAR = env.PleSettings(backend="sidecar", sidecar=None, fetch_workers=24, rows_per_task=2048, stats_interval=0,
+                          allow_unpatched=False)
+
+
+def facts(**kw) -> Facts:
+    base = dict(uva=True, platform="CudaPlatform", memlock_bytes=None, cap_ipc_lock=False, cap_sys_ptrace=False,
+                yama_ptrace_scope=1, seccomp_filter=True, alloc_conf={}, disks=())
+    base.update(kw)
+    return Facts(**base)
+
+
+def by_check(findings, check):
+    return [f for f in findings if f.check == check]
+
+
+def test_healthy_machine_passes():
+    findings = preflight.run_checks(PINNED, facts())
+    assert not preflight.errors_of(findings)
+    preflight.raise_on_errors(findings)  # does not raise
+
+
+def test_no_uva_refuses_pinned_and_names_the_fix():
+    findings = preflight.run_checks(PINNED, facts(uva=False, platform="CpuPlatform"))
+    [uva] = by_check(findings, "uva")
+    assert uva.level == ERROR and "CpuPlatform" in uva.message and "VLLM_PLE_OFFLOAD_BACKEND=sidecar" in uva.fix
+    with pytest.raises(PreflightFailed, match="uva") as e:
+        preflight.raise_on_errors(findings)
+    assert e.value.exit_code == 4
+
+
+def test_no_uva_only_warns_for_streaming():
+    [uva] = by_check(preflight.run_checks(SIDECAR, facts(uva=False, platform="CpuPlatform")), "uva")
+    assert uva.level == WARNING and "not a way to serve" in uva.message
+
+
+def test_memlock_too_low_is_refused_with_the_fix():
+    f = preflight.check_memlock(facts(memlock_bytes=64 << 10), 48 * GIB, "the PLE table")
+    assert f.level == ERROR and "limit is 64 KiB" in f.message and "needs 48.00 GiB" in f.message
+    assert "--ulimit memlock=-1" in f.fix and "LimitMEMLOCK=infinity" in f.fix
+    with pytest.raises(PreflightFailed, match="memlock"):
+        preflight.require_memlock(48 * GIB, what="the PLE table", facts=facts(memlock_bytes=64 << 10))
+
+
+def test_memlock_enough_unlimited_or_cap_ipc_lock_passes():
+    assert preflight.check_memlock(facts(memlock_bytes=64 * GIB), 48 * GIB, "t").level == OK
+    assert preflight.check_memlock(facts(memlock_bytes=None), 48 * GIB, "t").level == OK
+    assert preflight.check_memlock(facts(memlock_bytes=64 << 10, cap_ipc_lock=True), 48 * GIB, "t").level == OK
+
+
+def test_memlock_unknown_size_warns_at_plugin_start():
+    [m] = by_check(preflight.run_checks(PINNED, facts(memlock_bytes=8 << 20)), "memlock")
+    assert m.level == WARNING and "checked then" in m.message
+
+
+def test_memlock_is_not_checked_for_streaming():
+    assert not by_check(preflight.run_checks(SIDECAR, facts(memlock_bytes=64 << 10)), "memlock")
+
+
+@pytest.mark.parametrize("conf_var", preflight.ALLOC_CONF_VARS)
+def test_ptrace_denied_with_fd_import_is_refused(conf_var):
+    findings = preflight.run_checks(PINNED, facts(alloc_conf={conf_var: "expandable_segments:True"}))
+    [p] = by_check(findings, "ptrace")
+    assert p.level == ERROR and "pidfd_getfd" in p.message and "seccomp" in p.message
+    assert "--cap-add SYS_PTRACE" in p.fix and "never --privileged" in p.fix
+    assert "privileged: true" not in p.fix
+
+
+def test_ptrace_denied_by_yama_names_the_scope():
+    f = facts(alloc_conf={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, seccomp_filter=False,
+              yama_ptrace_scope=2)
+    [p] = by_check(preflight.run_checks(PINNED, f), "ptrace")
+    assert p.level == ERROR and "ptrace_scope is 2" in p.message
+
+
+def test_expandable_segments_with_ptrace_is_a_warning():
+    f = facts(alloc_conf={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:true"},
+              cap_sys_ptrace=True)
+    findings = preflight.run_checks(PINNED, f)
+    assert not by_check(findings, "ptrace")
+    [x] = by_check(findings, "expandable_segments")
+    assert x.level == WARNING and x.fix == "remove expandable_segments:True"
+
+
+def test_expandable_segments_false_is_fine():
+    f = facts(alloc_conf={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+    assert not f.expandable_segments
+    [x] = by_check(preflight.run_checks(PINNED, f), "expandable_segments")
+    assert x.level == OK
+
+
+def test_ptrace_permission_facts():
+    assert facts(cap_sys_ptrace=True).ptrace_permitted
+    assert facts(yama_ptrace_scope=0, seccomp_filter=False).ptrace_permitted
+    assert facts(yama_ptrace_scope=None, seccomp_filter=False).ptrace_permitted
+    assert not facts(yama_ptrace_scope=0, seccomp_filter=True).ptrace_permitted
+    assert not facts(yama_ptrace_scope=1, seccomp_filter=False).ptrace_permitted
+
+
+@pytest.mark.parametrize("kind,level", [("network", WARNING), ("hdd", WARNING), ("nvme", OK), ("unknown", OK)])
+def test_sidecar_disk(kind, level):
+    disk = DiskFacts("/models/ple/layer-3.bin", "nfs4" if kind == "network" else "ext4", kind)
+    [d] = by_check(preflight.run_checks(SIDECAR, facts(disks=(disk,))), "sidecar_disk")
+    assert d.level == level
+    if level == WARNING:
+        assert d.fix == "copy the artifact to a local NVMe disk"
+
+
+def test_disk_kind_of_memory_and_network_filesystems(tmp_path):
+    assert preflight.disk_kind(tmp_path, "tmpfs") == "memory"
+    assert preflight.disk_kind(tmp_path, "nfs") == "network"
+    assert preflight.disk_kind(tmp_path / "missing", "ext4") == "unknown"
+    assert preflight.disk_kind(tmp_path, "ext4") in ("nvme", "ssd", "hdd", "unknown")
+
+
+def test_sidecar_missing_is_refused(tmp_path):
+    from sglang_ssd_stream.sidecar.errors import SidecarManifestError
+
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "sidecar",
+                           "VLLM_PLE_SIDECAR": str(tmp_path / "nowhere")})
+    with pytest.raises(SidecarManifestError, match="sidecar manifest not found"):
+        preflight.sidecar_disks(s)
+
+
+def test_sidecar_disks_classify_every_table(tmp_path):
+    import numpy as np
+
+    from tests.vllm.synthetic import write_sidecar
+
+    man = write_sidecar(tmp_path, {3: ("bfloat16", np.zeros((4, 8), np.uint8)), 7: ("bfloat16", np.ones((4, 8), np.uint8))})
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM_PLE_SIDECAR": str(man)})
+    disks = preflight.sidecar_disks(s)
+    assert [d.path.rsplit("/", 1)[-1] for d in disks] == ["layer-3.bin", "layer-7.bin"]
+
+
+def test_json_report_says_ok():
+    f = facts()
+    doc = preflight.as_json(f, preflight.run_checks(PINNED, f))
+    assert doc["ok"] is True and doc["facts"]["ptrace_permitted"] is False

@@ -1,0 +1,72 @@
+"""What the plugin does when ``VLLM_PLE_CPU_OFFLOAD=1``: guard, preflight, then arm the swap.
+
+The swap itself is a table of (module, callback) rows run by :mod:`.hook` right after vLLM
+imports the module, i.e. only in processes that build a qwen4_exp model:
+
+=====================================================  ==============================================
+``vllm.models.qwen4_exp.nvidia.ngram_embedding``       ``Qwen4ExpPLEPinnedHostEmbedding`` -> our class
+                                                       (read by ``Qwen4ExpNGramEmbedding.__init__`` at
+                                                       construction); ``Qwen4ExpPLEDeviceEmbedding`` ->
+                                                       a class refusing ``cpu_offload: false``
+``vllm.models.qwen4_exp.amd.ple_layer``                refused on ROCm (not verified there)
+=====================================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from . import LOGGER_NAME, env, hook
+
+log = logging.getLogger(LOGGER_NAME)
+
+NVIDIA_MODULE = "vllm.models.qwen4_exp.nvidia.ngram_embedding"
+AMD_MODULE = "vllm.models.qwen4_exp.amd.ple_layer"
+COMMON_MODULE = "vllm.models.qwen4_exp.common.ngram_embedding"
+
+
+def install_nvidia(settings: env.PleSettings):
+    def callback(module) -> None:
+        import importlib
+
+        from .backends import RefusedDeviceEmbedding, StreamedPLEEmbedding, RegisteredPinnedPLEEmbedding, \
+            select_backend
+
+        common = importlib.import_module(COMMON_MODULE)
+        ours = (StreamedPLEEmbedding, RegisteredPinnedPLEEmbedding)
+        current = getattr(module, "Qwen4ExpPLEPinnedHostEmbedding", None)
+        if current is not common.Qwen4ExpPLEPinnedHostEmbedding and current not in ours:
+            raise RuntimeError(f"{NVIDIA_MODULE}.Qwen4ExpPLEPinnedHostEmbedding is {current!r}, not vLLM's class; "
+                               f"another plugin replaced it, refusing to stack on top")
+        if getattr(module, "Qwen4ExpPLEDeviceEmbedding", None) not in (common.Qwen4ExpPLEDeviceEmbedding,
+                                                                      RefusedDeviceEmbedding):
+            raise RuntimeError(f"{NVIDIA_MODULE}.Qwen4ExpPLEDeviceEmbedding is not vLLM's class; refusing")
+        cls = select_backend(settings)
+        module.Qwen4ExpPLEPinnedHostEmbedding = cls
+        module.Qwen4ExpPLEDeviceEmbedding = RefusedDeviceEmbedding
+        log.info("vllm-ple-offload: qwen4_exp PLE tables use %s (%s) in pid %d", cls.__name__, settings.describe(),
+                 os.getpid())
+    return callback
+
+
+def refuse_rocm(module) -> None:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        raise NotImplementedError(f"vllm-ple-offload: the PLE backends are not verified on ROCm; unset "
+                                  f"{env.CPU_OFFLOAD} to use vLLM's own ROCm PLE path")
+
+
+def activate(settings: env.PleSettings) -> None:
+    """Guard and preflight (fatal on any error finding), then arm the swap."""
+    from . import guard, preflight
+
+    findings = guard.source_state_findings(settings)
+    findings += preflight.run_checks(settings, preflight.gather_facts(settings))
+    for f in findings:
+        if f.level == preflight.WARNING:
+            log.warning("vllm-ple-offload: %s", f.line())
+    preflight.raise_on_errors(findings)
+    hook.when_imported(NVIDIA_MODULE, install_nvidia(settings))
+    hook.when_imported(AMD_MODULE, refuse_rocm)

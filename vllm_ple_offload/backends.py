@@ -1,0 +1,247 @@
+"""The PLE table classes the plugin substitutes for vLLM 0.33's ``Qwen4ExpPLEPinnedHostEmbedding``.
+
+Imported only by the post-import hook, inside a process that builds a qwen4_exp model (it
+imports vLLM). Both classes keep the constructor signature and the hooks the model calls
+(``supports_prefetch``, ``start_prefetch``, ``finalize_prefetch``, ``dequantize``, ``weight``,
+``weight_scale``, ``weight_loader``), and the ETP contract: a rank delivers zeros for rows it does
+not own and the existing all-reduce (int8 view for FP8) assembles full rows.
+
+- :class:`RegisteredPinnedPLEEmbedding` (``pinned``): upstream's class with one change, the
+  table's host memory (see :mod:`.host_memory`). Lookup, prefetch, reduce are upstream's.
+- :class:`StreamedPLEEmbedding` (``mmap``/``sidecar``): the table stays in the sidecar; a
+  zero-element ``weight`` placeholder satisfies the loader (vLLM exempts empty placeholders from
+  its "not initialized from checkpoint" check), ``weight_scale`` is loaded as usual. Checkpoint
+  shards, if the model directory still has them, are not copied: one row per shard is compared
+  with the sidecar, and a difference stops the load.
+- :class:`RefusedDeviceEmbedding`: with ``VLLM_PLE_CPU_OFFLOAD=1``, upstream's device-resident
+  class is only chosen when ``--engram-config`` says ``cpu_offload: false``; that contradiction
+  is refused instead of silently keeping the table on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from sglang_ssd_stream.sidecar import check_model_shape, load_manifest
+from sglang_ssd_stream.sidecar.errors import SidecarChecksumMismatch, SidecarShapeMismatch
+from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+from vllm.models.qwen4_exp.common.ngram_embedding import (
+    Qwen4ExpPLEDeviceEmbedding,
+    Qwen4ExpPLEEmbedding,
+    Qwen4ExpPLENvFp4EmbeddingMethod,
+    Qwen4ExpPLEPinnedHostEmbedding,
+)
+
+from . import LOGGER_NAME
+from . import env
+from .errors import PleSettingsError
+from .host_memory import account, allocate_registered, startup_line
+from .preflight import require_memlock
+from .row_sources import SOURCES
+from .streaming import StreamingGather
+
+log = logging.getLogger(LOGGER_NAME)
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def decoder_layer(prefix: str) -> int:
+    """Decoder layer index of a PLE embedding prefix (``model.layers.3.ple…`` -> 3)."""
+    found = _LAYER.findall(prefix)
+    if not found:
+        raise SidecarShapeMismatch(f"cannot tell the decoder layer of PLE embedding {prefix!r}", actual=prefix,
+                                   expected="a prefix containing 'layers.<index>.'")
+    return int(found[-1])
+
+
+def _integrated_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_properties(torch.cuda.current_device()).is_integrated
+
+
+@functools.lru_cache(maxsize=4)
+def _manifest(path: str):
+    return load_manifest(path)
+
+
+class RegisteredPinnedPLEEmbedding(Qwen4ExpPLEPinnedHostEmbedding):
+    """``pinned``: upstream's UVA table in page-aligned, CUDA-registered host memory."""
+
+    settings: ClassVar[env.PleSettings | None] = None
+
+    def allocate_embedding_weight(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = num_embeddings * embedding_dim * torch.empty((), dtype=dtype).element_size()
+        label = getattr(self, "prefix", "") or "table"
+        require_memlock(account().total + nbytes, what=f"the PLE table {label}")
+        raw = allocate_registered(nbytes, label=label)
+        snap = account(table_bytes=nbytes)
+        log.info("%s", startup_line(label, nbytes, "registered page-aligned host memory", snap, _integrated_gpu()))
+        return raw.view(dtype).view(num_embeddings, embedding_dim)
+
+
+class RefusedDeviceEmbedding(Qwen4ExpPLEDeviceEmbedding):
+    """Upstream's device class, reached only through ``--engram-config '{"cpu_offload": false}'``."""
+
+    def __init__(self, *args, **kwargs):
+        raise PleSettingsError(
+            f"{env.CPU_OFFLOAD}=1 asks for the PLE table in host memory, but vLLM's engram config keeps it on the "
+            f"GPU (--engram-config cpu_offload=false); remove one of the two")
+
+
+class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
+    """``mmap``/``sidecar``: rows streamed from the sidecar through host staging."""
+
+    supports_prefetch: ClassVar[bool] = True
+    settings: ClassVar[env.PleSettings | None] = None
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, params_dtype: torch.dtype, padding_size: int,
+                 prefix: str, embedding_method, num_ngram_heads: int = 1, max_total_tokens: int = 0,
+                 data_parallel_rank: int = 0, reduce_results: bool = True) -> None:
+        settings = self.settings
+        if settings is None or not settings.streaming:
+            raise RuntimeError("StreamedPLEEmbedding used without streaming settings (the plugin installs it)")
+        if isinstance(embedding_method, Qwen4ExpPLENvFp4EmbeddingMethod):
+            raise SidecarShapeMismatch(
+                f"{prefix}: the checkpoint's PLE table is NVFP4; {env.BACKEND}={settings.backend} streams FP8 and "
+                f"BF16 tables only (use {env.BACKEND}=pinned)", actual="nvfp4", expected="float8_e4m3fn or bfloat16")
+        _refuse_full_cudagraphs(settings)
+        super().__init__(num_embeddings, embedding_dim, params_dtype=params_dtype, padding_size=padding_size,
+                         prefix=prefix, embedding_method=embedding_method, num_ngram_heads=num_ngram_heads,
+                         max_total_tokens=max_total_tokens, data_parallel_rank=data_parallel_rank,
+                         reduce_results=reduce_results)
+        start, end = self.shard_indices.org_vocab_start_index, self.shard_indices.org_vocab_end_index
+        lookup_dtype = embedding_method.lookup_dtype(self)
+        self.table = _manifest(str(settings.sidecar)).table(decoder_layer(prefix))
+        check_model_shape(self.table, dtype=str(lookup_dtype), columns=embedding_dim, rows=self.org_vocab_size,
+                          row_range=(start, end))
+        source = SOURCES[settings.backend](self.table, vocab_start=start, vocab_end=end,
+                                           total_rows=self.org_vocab_size, workers=settings.fetch_workers,
+                                           rows_per_task=settings.rows_per_task)
+        self._device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        self._prefetch_rows = max_total_tokens * self.etp_data_parallel_size
+        self._num_ngram_heads = num_ngram_heads
+        self._output_dim = num_ngram_heads * embedding_dim
+        self._lookup_dtype = lookup_dtype
+        self._gather = StreamingGather(source, row_bytes=self.table.row_bytes,
+                                       max_ids=self._prefetch_rows * num_ngram_heads, device=self._device,
+                                       label=f"L{self.table.layer} {settings.backend}",
+                                       stats_interval=settings.stats_interval)
+        self._prefetch_buffer: torch.Tensor | None = None
+        self._prefetch_alloc_lock = threading.Lock()
+        self._active_rows = 0
+        self._checked_shards = 0
+
+    # ---------------------------------------------------------------- storage and loading
+
+    def allocate_embedding_weight(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> torch.Tensor:
+        # The table lives in the sidecar; an empty placeholder keeps vLLM's loader checks satisfied.
+        return torch.empty(0, embedding_dim, dtype=dtype, device="cpu")
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, checkpoint_start: int | None = None):
+        if param is not self.weight:
+            return super().weight_loader(param, loaded_weight, checkpoint_start)  # weight_scale etc.
+        if checkpoint_start is None:
+            raise SidecarShapeMismatch(f"{self.prefix}: the checkpoint has an unsharded PLE weight; the streamed "
+                                       f"backends expect ngram_embedding.shard_<k>.weight shards or none",
+                                       actual="unsharded", expected="shards")
+        overlap = self._compute_shard_overlap(checkpoint_start=checkpoint_start, checkpoint_rows=loaded_weight.shape[0])
+        if overlap is None:
+            return
+        if loaded_weight.dtype != self._lookup_dtype or loaded_weight.shape[1] != self.embedding_dim:
+            raise SidecarShapeMismatch(
+                f"{self.prefix}: checkpoint shard at row {checkpoint_start} is {loaded_weight.dtype} "
+                f"{tuple(loaded_weight.shape)}, the sidecar table is {self.table.dtype} x {self.embedding_dim}",
+                actual=(str(loaded_weight.dtype), tuple(loaded_weight.shape)), expected=self.table.dtype)
+        row = checkpoint_start + overlap.source_start
+        want = loaded_weight[overlap.source_start].contiguous().view(torch.uint8).cpu().numpy()
+        got = np.empty((1, self.table.row_bytes), dtype=np.uint8)
+        self._gather.source.read(np.array([row], dtype=np.int64), got)
+        if not np.array_equal(got[0], want):
+            raise SidecarChecksumMismatch(
+                f"{self.prefix}: sidecar {self.table.file} row {row} differs from the checkpoint shard starting at "
+                f"row {checkpoint_start}; the sidecar was built from another checkpoint", path=str(self.table.file),
+                actual=row, expected="identical bytes")
+        self._checked_shards += 1
+
+    # ---------------------------------------------------------------- lookup
+
+    def _buffer(self) -> torch.Tensor:
+        buffer = self._prefetch_buffer
+        if buffer is None:
+            with self._prefetch_alloc_lock:
+                buffer = self._prefetch_buffer
+                if buffer is None:
+                    if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                        raise RuntimeError("streamed PLE prefetch buffer must be allocated before CUDA-graph capture")
+                    buffer = torch.empty(self._prefetch_rows, self._num_ngram_heads, self.embedding_dim,
+                                         dtype=self._lookup_dtype, device=self._device)
+                    self._prefetch_buffer = buffer
+        return buffer
+
+    @eager_break_during_capture
+    def start_prefetch(self, ngram_ids: torch.Tensor) -> None:
+        """D2H of the ids, then the host gather starts in the background."""
+        if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(_FULL_GRAPH_MESSAGE.format(backend=self.settings.backend))
+        buffer = self._buffer()
+        slot_size, _ = self._get_dp_gather_slot(ngram_ids.shape[0])
+        gathered = self._gather_dp_ids(ngram_ids, slot_size)
+        if gathered.shape[0] > buffer.shape[0]:
+            raise ValueError(f"streamed PLE prefetch buffer holds {buffer.shape[0]} rows, "
+                             f"but the batch needs {gathered.shape[0]}")
+        self._active_rows = gathered.shape[0]
+        self._gather.start(gathered.reshape(-1).long())
+
+    @eager_break_during_capture
+    def _finalize_prefetch(self, prefetch_output: torch.Tensor, output: torch.Tensor) -> None:
+        """H2D + expand into the buffer, then upstream's ETP reduce and DP slot selection."""
+        rows = self._active_rows
+        active = prefetch_output[:rows].view(torch.uint8).reshape(rows * self._num_ngram_heads, self.table.row_bytes)
+        self._gather.finish(active)
+        slot_size, slot_offset = self._get_dp_gather_slot(output.shape[0])
+        embeddings = prefetch_output[: slot_size * self.etp_data_parallel_size]
+        if self.reduce_results:
+            embeddings = Qwen4ExpPLEPinnedHostEmbedding._reduce_etp_embeddings(self, embeddings)
+        else:
+            assert self.etp_data_parallel_size == 1  # the outer TP reduce-scatter requires ETP=TP
+        embeddings = self._select_embeddings(embeddings, output.shape[0], slot_offset)
+        output.copy_(embeddings.flatten(-2))
+
+    def finalize_prefetch(self, total_tokens: int) -> torch.Tensor:
+        buffer = self._prefetch_buffer
+        if buffer is None:
+            raise RuntimeError("streamed PLE lookup requires a prior start_prefetch")
+        output = buffer.new_empty((total_tokens, self._output_dim))
+        self._finalize_prefetch(buffer, output)
+        return output
+
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("Streamed PLE embedding requires start_prefetch() and finalize_prefetch().")
+
+
+_FULL_GRAPH_MESSAGE = (
+    "{backend} PLE backend: the lookup reads rows on the host every step, which a FULL CUDA graph cannot replay; "
+    "start vLLM with --compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}' (breakable graphs then run the "
+    "lookup eagerly) or --enforce-eager, or use " + env.BACKEND + "=pinned")
+
+
+def _refuse_full_cudagraphs(settings: env.PleSettings) -> None:
+    from vllm.config import get_current_vllm_config
+
+    mode = get_current_vllm_config().compilation_config.cudagraph_mode
+    if mode is not None and mode.has_full_cudagraphs():
+        raise PleSettingsError(f"cudagraph_mode={mode.name}: " + _FULL_GRAPH_MESSAGE.format(backend=settings.backend))
+
+
+def select_backend(settings: env.PleSettings) -> type:
+    """The class that replaces upstream's pinned-host class for these settings."""
+    cls = StreamedPLEEmbedding if settings.streaming else RegisteredPinnedPLEEmbedding
+    cls.settings = settings
+    return cls

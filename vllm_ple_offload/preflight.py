@@ -1,0 +1,253 @@
+"""Preflight checks for the PLE backends; each finding names its fix. Facts are injectable.
+
+Run by ``vllm-ple-offload doctor`` and by the plugin in every vLLM process it activates in.
+
+- UVA: the ``pinned`` backend reads host memory from GPU kernels, so it needs vLLM's CUDA
+  platform with pinned memory (WSL and CPU platforms have none).
+- ``ulimit -l``: the deployment write-up ran its 51 GiB pinned table with memlock unlimited; a
+  finite limit below the bytes to pin is refused unless the process has CAP_IPC_LOCK.
+- ptrace: with ``expandable_segments:True`` PyTorch shares CUDA memory between processes by
+  importing a file descriptor from the sibling (``pidfd_getfd``), which needs ptrace permission:
+  the write-up's ``pidfd_getfd: Operation not permitted``. The fix is one capability,
+  ``--cap-add SYS_PTRACE``, never ``--privileged``.
+- expandable segments: vLLM 0.33's PLE offload needs no CUDA IPC, so the setting only adds that
+  fd import; the write-up removed it.
+- Sidecar disk: rows are random 4 KiB reads; network filesystems and spinning disks are
+  warned about (the sidecar module refuses nothing for speed alone).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from . import env
+from .errors import PreflightFailed
+
+ERROR, WARNING, OK = "error", "warning", "ok"
+CAP_IPC_LOCK, CAP_SYS_PTRACE = 14, 19
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch >= 2.9 reads both
+MEMLOCK_FIX = ("raise the locked-memory limit: docker run --ulimit memlock=-1, compose `ulimits: memlock: -1`, "
+               "systemd LimitMEMLOCK=infinity, or `ulimit -l unlimited` in the launching shell")
+
+
+@dataclass(frozen=True)
+class DiskFacts:
+    path: str
+    fstype: str | None
+    kind: str  # "nvme" | "ssd" | "hdd" | "network" | "memory" | "unknown"
+
+
+@dataclass(frozen=True)
+class Facts:
+    uva: bool  # vLLM's platform is CUDA-alike with pinned memory
+    platform: str
+    memlock_bytes: int | None  # soft RLIMIT_MEMLOCK; None = unlimited
+    cap_ipc_lock: bool
+    cap_sys_ptrace: bool
+    yama_ptrace_scope: int | None  # None: no Yama LSM
+    seccomp_filter: bool  # a seccomp filter is active (docker's default profile blocks pidfd_getfd)
+    alloc_conf: dict = field(default_factory=dict)  # variable -> value, for those set
+    disks: tuple[DiskFacts, ...] = ()
+
+    @property
+    def expandable_segments(self) -> bool:
+        for value in self.alloc_conf.values():
+            for item in value.split(","):
+                key, _, val = item.partition(":")
+                if key.strip() == "expandable_segments" and val.strip().lower() == "true":
+                    return True
+        return False
+
+    @property
+    def ptrace_permitted(self) -> bool:
+        return self.cap_sys_ptrace or (self.yama_ptrace_scope in (None, 0) and not self.seccomp_filter)
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str
+    check: str
+    message: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        return f"[{self.level}] {self.check}: {self.message}" + (f"\n    fix: {self.fix}" if self.fix else "")
+
+
+# ----------------------------------------------------------------------------- facts
+
+
+def _status_fields(path: str = "/proc/self/status") -> dict[str, str]:
+    try:
+        with open(path) as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return {}
+
+
+def _has_cap(status: Mapping[str, str], bit: int) -> bool:
+    try:
+        return bool(int(status.get("CapEff", "0"), 16) >> bit & 1)
+    except ValueError:
+        return False
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def disk_kind(path: str | os.PathLike, fstype: str | None) -> str:
+    """Classify the storage behind ``path`` (``/sys/dev/block`` of its device)."""
+    from sglang_ssd_stream.sidecar.format import NETWORK_FS_TYPES
+
+    if fstype in NETWORK_FS_TYPES:
+        return "network"
+    if fstype in ("tmpfs", "ramfs"):
+        return "memory"
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "unknown"
+    dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    if not dev.exists():
+        return "unknown"  # overlay, btrfs subvolume, device mapper …: no single block device
+    real = dev.resolve()
+    queue = real / "queue" if (real / "queue").exists() else real.parent / "queue"
+    if real.name.startswith("nvme") or real.parent.name.startswith("nvme"):
+        return "nvme"
+    rotational = _read_int(str(queue / "rotational"))
+    return {0: "ssd", 1: "hdd"}.get(rotational, "unknown")
+
+
+def sidecar_disks(settings: env.PleSettings) -> tuple[DiskFacts, ...]:
+    """Load the sidecar manifest (refusing a bad one) and classify the disks of its tables."""
+    from sglang_ssd_stream.sidecar.format import filesystem_type, load_manifest
+
+    manifest = load_manifest(settings.sidecar)
+    out = []
+    for table in manifest.tables:
+        fs = filesystem_type(table.file)
+        out.append(DiskFacts(str(table.file), fs, disk_kind(table.file, fs)))
+    return tuple(out)
+
+
+def _platform() -> tuple[bool, str]:
+    from vllm.platforms import current_platform
+
+    uva = current_platform.is_cuda_alike() and current_platform.is_pin_memory_available()
+    return uva, type(current_platform).__name__
+
+
+def gather_facts(settings: env.PleSettings | None, environ: Mapping[str, str] | None = None) -> Facts:
+    """The facts of this process and machine (imports ``vllm.platforms``)."""
+    environ = os.environ if environ is None else environ
+    status = _status_fields()
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    uva, platform = _platform()
+    return Facts(
+        uva=uva,
+        platform=platform,
+        memlock_bytes=None if soft == resource.RLIM_INFINITY else soft,
+        cap_ipc_lock=_has_cap(status, CAP_IPC_LOCK),
+        cap_sys_ptrace=_has_cap(status, CAP_SYS_PTRACE),
+        yama_ptrace_scope=_read_int("/proc/sys/kernel/yama/ptrace_scope"),
+        seccomp_filter=status.get("Seccomp", "0").strip() == "2",
+        alloc_conf={k: environ[k] for k in ALLOC_CONF_VARS if k in environ},
+        disks=sidecar_disks(settings) if settings is not None and settings.streaming else (),
+    )
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_memlock(facts: Facts, need_bytes: int | None, what: str) -> Finding:
+    from .host_memory import fmt_bytes
+
+    if facts.memlock_bytes is None:
+        return Finding(OK, "memlock", "locked-memory limit is unlimited")
+    if facts.cap_ipc_lock:
+        return Finding(OK, "memlock", f"limit {fmt_bytes(facts.memlock_bytes)}, but CAP_IPC_LOCK lifts it")
+    if need_bytes is None:
+        return Finding(WARNING, "memlock", f"locked-memory limit is {fmt_bytes(facts.memlock_bytes)}; the table size "
+                       f"is only known when the model loads, and is checked then", MEMLOCK_FIX)
+    if facts.memlock_bytes < need_bytes:
+        return Finding(ERROR, "memlock", f"locked-memory limit is {fmt_bytes(facts.memlock_bytes)}, but {what} needs "
+                       f"{fmt_bytes(need_bytes)} pinned", MEMLOCK_FIX)
+    return Finding(OK, "memlock", f"limit {fmt_bytes(facts.memlock_bytes)} covers {fmt_bytes(need_bytes)}")
+
+
+def run_checks(settings: env.PleSettings, facts: Facts, *, need_bytes: int | None = None) -> list[Finding]:
+    findings: list[Finding] = []
+    if facts.uva:
+        findings.append(Finding(OK, "uva", f"{facts.platform}: pinned host memory and UVA available"))
+    elif settings.streaming:
+        findings.append(Finding(WARNING, "uva", f"{facts.platform} has no CUDA pinned memory: staging is ordinary "
+                                f"memory and H2D is a host copy (a test mode, not a way to serve)",
+                                "run on a CUDA GPU"))
+    else:
+        findings.append(Finding(ERROR, "uva", f"{env.BACKEND}=pinned reads the table from GPU kernels through UVA, "
+                                f"but vLLM's platform is {facts.platform} without CUDA pinned memory",
+                                f"run on a CUDA GPU (not WSL1, not a CPU platform), or use {env.BACKEND}=sidecar"))
+    if settings.backend == env.PINNED:
+        findings.append(check_memlock(facts, need_bytes, "the PLE table"))
+    if facts.expandable_segments:
+        conf = ", ".join(f"{k}={v}" for k, v in facts.alloc_conf.items())
+        if facts.ptrace_permitted:
+            findings.append(Finding(WARNING, "expandable_segments", f"{conf}: CUDA memory shared between processes "
+                                    f"is then imported with pidfd_getfd; ptrace is permitted here, so it works, but "
+                                    f"vLLM's PLE offload needs no such sharing", "remove expandable_segments:True"))
+        else:
+            why = ("CAP_SYS_PTRACE is missing and " + ("a seccomp filter is active" if facts.seccomp_filter else
+                   f"Yama ptrace_scope is {facts.yama_ptrace_scope}"))
+            findings.append(Finding(ERROR, "ptrace", f"{conf} makes PyTorch import CUDA memory from sibling processes "
+                                    f"with pidfd_getfd, which needs ptrace permission ({why}): workers fail with "
+                                    f"'pidfd_getfd: Operation not permitted'",
+                                    "remove expandable_segments:True from the allocator config, or grant only "
+                                    "--cap-add SYS_PTRACE (compose `cap_add: [SYS_PTRACE]`); never --privileged"))
+    else:
+        findings.append(Finding(OK, "expandable_segments", "not set: no cross-process fd import, ptrace not needed"))
+    for disk in facts.disks:
+        if disk.kind == "network":
+            findings.append(Finding(WARNING, "sidecar_disk", f"{disk.path} is on a network filesystem ({disk.fstype}); "
+                                    f"random 4 KiB row reads will be slow", "copy the artifact to a local NVMe disk"))
+        elif disk.kind == "hdd":
+            findings.append(Finding(WARNING, "sidecar_disk", f"{disk.path} is on a rotational disk",
+                                    "copy the artifact to a local NVMe disk"))
+        else:
+            findings.append(Finding(OK, "sidecar_disk", f"{disk.path}: {disk.kind} ({disk.fstype})"))
+    return findings
+
+
+def errors_of(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == ERROR]
+
+
+def raise_on_errors(findings: list[Finding]) -> None:
+    bad = errors_of(findings)
+    if bad:
+        raise PreflightFailed("PLE preflight failed:\n" + "\n".join(f.line() for f in bad))
+
+
+def require_memlock(need_bytes: int, *, what: str, facts: Facts | None = None) -> None:
+    """At allocation time, when the bytes are known: refuse a too-low memlock limit."""
+    if facts is None:
+        status = _status_fields()
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        facts = Facts(uva=True, platform="", memlock_bytes=None if soft == resource.RLIM_INFINITY else soft,
+                      cap_ipc_lock=_has_cap(status, CAP_IPC_LOCK), cap_sys_ptrace=False, yama_ptrace_scope=None,
+                      seccomp_filter=False)
+    raise_on_errors([check_memlock(facts, need_bytes, what)])
+
+
+def as_json(facts: Facts, findings: list[Finding]) -> dict:
+    return {"facts": {**asdict(facts), "expandable_segments": facts.expandable_segments,
+                      "ptrace_permitted": facts.ptrace_permitted},
+            "findings": [asdict(f) for f in findings],
+            "ok": not errors_of(findings)}

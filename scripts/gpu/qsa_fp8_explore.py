@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import platform
 import sys
 import time
@@ -35,6 +34,30 @@ DEV = "cuda"
 DRY_RUN = False  # --dry-run: CPU + TRITON_INTERPRET=1, tiny shapes, wall-clock timing (script test only)
 
 
+def fix_interpreter():
+    """--dry-run only: make Triton's CPU interpreter compute what compiled code does (a Python
+    float argument is an fp32 scalar; tl.dot multiplies bf16 values, not their bit patterns)."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+
+    cvt, dot = interp._implicit_cvt, interp.InterpreterBuilder.create_dot
+
+    def implicit_cvt(arg):
+        if isinstance(arg, float):
+            return tl.tensor(interp.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+        return cvt(arg)
+
+    def widen(h):
+        if h.dtype == tl.bfloat16:
+            return interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+        return h
+
+    interp._implicit_cvt = implicit_cvt
+    interp.InterpreterBuilder.create_dot = lambda self, a, b, d, *rest: dot(self, widen(a), widen(b), d, *rest)
+    torch.cuda.get_device_name = lambda *a: "NVIDIA H200"
+
+
 def load_variant(name: str, path: str):
     spec = importlib.util.spec_from_file_location(f"qsa_variant_{name}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -46,10 +69,15 @@ def launch(mod, q, k, v, idx, cu_q, cu_k, kv_lens, scale, rows, cfg, v_scale=1.0
     """One launch of mod._sparse_gqa_chunk_prefill as sparse_gqa_fwd_interface_triton_ck does,
     with an explicit (BLOCK_N, num_warps, num_stages); cfg None = the module's own choice."""
     kern = mod._sparse_gqa_chunk_prefill
-    block_n, warps, stages = cfg or (mod._get_best_config(q.shape[0]) if not DRY_RUN else (16, 1, 2))
+    extra = {}
+    if "FP8_KV_F16_DOT" in kern.arg_names:  # 0003: E4M3 K/V take the f16 path and its tile table
+        extra["FP8_KV_F16_DOT"] = mod._fp8_kv_f16_dot(q, k)
+        default = mod._get_best_config(q.shape[0], extra["FP8_KV_F16_DOT"]) if not DRY_RUN else (16, 1, 2)
+    else:
+        default = mod._get_best_config(q.shape[0]) if not DRY_RUN else (16, 1, 2)
+    block_n, warps, stages = cfg or default
     out = torch.empty_like(q)
     scalars = [scale, v_scale] if "v_scale" in kern.arg_names else [scale]
-    extra = {}
     if "WIDEN_IN_REGISTERS" in kern.arg_names:
         extra["WIDEN_IN_REGISTERS"] = mod._widen_in_registers(q, k)
     kern[(rows, H_KV)](
@@ -95,6 +123,7 @@ def main() -> int:
     ap.add_argument("--variant", action="append", required=True, help="name=path to sparse_attn.py")
     ap.add_argument("--sweep", action="append", default=[],
                     help="name: variant whose FP8 kernel is swept over --configs (repeatable)")
+    ap.add_argument("--sweep-base", action="store_true", help="also sweep the first variant's BF16 kernel")
     ap.add_argument("--configs", default="16,1,2;16,2,2;32,2,2;32,4,2;32,4,3;64,4,2;32,8,2;64,8,2;16,1,3;16,4,2")
     ap.add_argument("--shapes", default="16x512x65536;64x512x65536;256x512x65536;1024x512x65536;"
                                         "2048x512x65536;8192x512x65536;256x2048x65536;2048x2048x65536")
@@ -104,6 +133,7 @@ def main() -> int:
     global DEV, DRY_RUN
     if args.dry_run:
         DEV, DRY_RUN = "cpu", True
+        fix_interpreter()
     sys.path.insert(0, args.shim)
     variants = dict(v.split("=", 1) for v in args.variant)
     mods = {n: load_variant(n, p) for n, p in variants.items()}
@@ -136,7 +166,7 @@ def main() -> int:
             for dt in ("bf16", "fp8"):
                 k, v = kv[ctx][dt]
                 cfgs = [None] + (configs if (name in args.sweep and dt == "fp8") or
-                                 (name == base and dt == "bf16" and args.sweep) else [])
+                                 (name == base and dt == "bf16" and args.sweep_base) else [])
                 for cfg in cfgs:
                     key = f"{name}/{dt}/" + ("default" if cfg is None else ",".join(map(str, cfg)))
                     try:

@@ -39,8 +39,7 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
     Qwen4ExpPLEPinnedHostEmbedding,
 )
 
-from . import LOGGER_NAME
-from . import env
+from . import LOGGER_NAME, env
 from .errors import PleSettingsError
 from .host_memory import account, allocate_registered, startup_line
 from .preflight import require_memlock

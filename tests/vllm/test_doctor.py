@@ -38,15 +38,27 @@ def test_streaming_backend_passes_with_warnings(vllm, tmp_path):
     assert doc["facts"]["platform"] == "CpuPlatform"
 
 
-def test_table_size_is_checked_against_memlock(vllm):
-    r = doctor(vllm, "--table-gib", "48", "--json")
+def low_memlock(vllm, *args):
+    """doctor with a real 64 KiB locked-memory limit and without CAP_IPC_LOCK (util-linux setpriv, prlimit)."""
+    cmd = ["setpriv", "--bounding-set", "-ipc_lock", "prlimit", "--memlock=65536:65536",
+           vllm.python, "-m", "vllm_ple_offload.cli", "doctor", "--json", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=vllm.env(), timeout=600)
     doc = json.loads(r.stdout)
+    assert doc["facts"]["memlock_bytes"] == 65536 and doc["facts"]["cap_ipc_lock"] is False
     [m] = [f for f in doc["findings"] if f["check"] == "memlock"]
-    facts = doc["facts"]
-    if facts["memlock_bytes"] is None or facts["cap_ipc_lock"]:
-        assert m["level"] == "ok"
-    else:
-        assert m["level"] == ("error" if facts["memlock_bytes"] < 48 << 30 else "ok")
+    return r.returncode, m
+
+
+def test_memlock_too_low_for_the_table(vllm):
+    code, m = low_memlock(vllm, "--table-gib", "48")
+    assert code == 4 and m["level"] == "error"
+    assert m["message"] == "locked-memory limit is 64 KiB, but the PLE table needs 48.00 GiB pinned"
+    assert "--ulimit memlock=-1" in m["fix"]
+
+
+def test_memlock_with_unknown_table_size_warns(vllm):
+    _, m = low_memlock(vllm)
+    assert m["level"] == "warning" and "checked then" in m["message"]
 
 
 def test_bad_settings_are_a_usage_error(vllm):

@@ -83,7 +83,9 @@ def distributed(world_size: int = 1, rank: int = 0, port: int | None = None):
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state as ps
 
-    with set_current_vllm_config(vllm_config()):
+    vc = vllm_config()
+    vc.parallel_config.tensor_parallel_size = world_size  # vLLM sizes the ETP group from it
+    with set_current_vllm_config(vc):
         ps.init_distributed_environment(world_size=world_size, rank=rank, local_rank=rank, backend="gloo",
                                         distributed_init_method=f"tcp://127.0.0.1:{port or free_port()}")
         ps.initialize_model_parallel(world_size)
@@ -146,3 +148,36 @@ def rows_of(table: np.ndarray, ngram_ids: torch.Tensor, lo: int = 0, hi: int | N
     out = table[flat].copy()
     out[(flat < lo) | (flat >= hi)] = 0
     return out.reshape(ngram_ids.shape[0], -1)
+
+
+def streamed_tp_rank(rank: int, world: int, manifest: str, backend: str, dtype: str, port: int, out: str) -> None:
+    """One TP rank: vLLM's distributed state, our plugin, the real embedding class, a lookup.
+
+    Spawned by ``check_tp_streamed.py``; rank 0 writes the assembled rows of each batch.
+    """
+    import pytest
+
+    os.environ.update({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": backend, "VLLM_PLE_SIDECAR": manifest,
+                       "VLLM_PLE_ALLOW_UNPATCHED": "1", "VLLM_PLE_FETCH_WORKERS": "2", "VLLM_PLE_ROWS_PER_TASK": "9"})
+    mp = pytest.MonkeyPatch()
+    with distributed(world, rank, port):
+        load_plugins(mp, dict((k, v) for k, v in os.environ.items() if k.startswith("VLLM_PLE_")))
+        cfg = text_config(dtype)
+        model = build(cfg)
+        emb = model.ngram_embedding
+        idx = emb.shard_indices
+        result = {"range": [idx.org_vocab_start_index, idx.org_vocab_end_index], "class": type(emb).__name__}
+        arrays = {}
+        for seed in range(3):
+            ids, qsl, ctx = ngram_batch(seed)
+            model.start_prefetch(ids, qsl, ctx)
+            got = model(torch.empty(0), ids, qsl, ctx)
+            arrays[f"rows{seed}"] = got.contiguous().view(torch.uint8).numpy().copy()
+            arrays[f"ngram{seed}"] = model.compute_ngram_ids(ids, qsl, ctx).numpy()
+        result["stats"] = emb._gather.stats.line()
+    mp.undo()
+    np.savez(f"{out}/rank{rank}.npz", **arrays)
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        import json
+
+        json.dump(result, f)

@@ -153,19 +153,26 @@ def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], f
     bad = [f for f in files if f.state in (UNKNOWN, MISSING)]
     if bad:
         raise RefusedSourceState("\n".join(_refusal(f, manifests) for f in bad) + "\nNothing was changed.")
-    states = {f.state for f in files}
-    if states == {PATCHED}:
+    if {f.state for f in files} == {PATCHED}:
         report.actions.append("already patched: nothing to do")
         return []
-    if states == {PRISTINE, PATCHED}:
-        raise RefusedSourceState(
-            "half-patched group: " + ", ".join(f"{f.entry.path} is {f.state}" for f in files)
-            + f". Run `patch revert` first, then `patch apply`. Nothing was changed.")
-    problems = writable_problems([f.path for f in files])
+    # A patch whose files are partly patched is a half-applied group: refuse. Whole patches already
+    # applied (a runtime patched by an older kit that had fewer patches) are kept; the rest is applied.
+    for patch in manifest.patches:
+        group = [f for f in files if patch.id in f.entry.patches]
+        if len({f.state for f in group}) > 1:
+            raise RefusedSourceState(
+                f"half-patched group {patch.id}: " + ", ".join(f"{f.entry.path} is {f.state}" for f in group)
+                + ". Run `patch revert` first, then `patch apply`. Nothing was changed.")
+    todo = [f for f in files if f.state == PRISTINE]
+    for f in files:
+        if f.state == PATCHED:
+            report.actions.append(f"keep {f.entry.path} (already patched)")
+    problems = writable_problems([f.path for f in todo])
     if problems:
         raise EnvironmentProblem("cannot patch: " + "; ".join(problems) + ". Nothing was changed.")
     writes = []
-    for f in files:
+    for f in todo:
         original = f.path.read_bytes()
         if sha256_bytes(original) != f.entry.pristine:
             raise RefusedSourceState(f"{f.entry.path} changed while being planned; nothing was changed")

@@ -273,3 +273,33 @@ def test_python_option_finds_the_install(kit):
                        env={**os.environ, "PYTHONPATH": f"{kit.site}:{REPO}"})
     assert r.returncode == EXIT_OK, r.stderr
     assert json.loads(r.stdout)["site_packages"] == str(kit.site)
+
+
+def test_kit_upgrade_with_a_new_patch_applies_only_the_new_group(kit):
+    """A runtime patched by an older kit (fewer patches) is upgraded in place: whole groups
+    already applied are kept, the new group is applied, and revert still restores everything."""
+    from .conftest import A_PATCHED, A_PRISTINE, B_PATCHED, B_PRISTINE, HEADER, unified
+
+    before = kit.contents()
+    pdir = kit.data / "patches" / "sglang"
+    (pdir / "0001-demo.patch").write_text(HEADER + unified("sglang/srt/a.py", A_PRISTINE, A_PATCHED))
+    (pdir / "0002-more.patch").write_text(HEADER + unified("sglang/srt/managers/b.py", B_PRISTINE, B_PATCHED))
+    old = {"engine": "sglang", "release": "0.5.23",
+           "patches": [{"id": "0001-demo", "order": 1, "diff": "patches/sglang/0001-demo.patch", "upstream": "x"}],
+           "files": [{"path": "sglang/srt/a.py", "pristine": sha(A_PRISTINE), "patched": sha(A_PATCHED),
+                      "patches": ["0001-demo"]}]}
+    kit.manifest_file().write_text(json.dumps(old))
+    assert kit.cli("apply").returncode == EXIT_OK
+
+    new = dict(old, patches=old["patches"] + [
+        {"id": "0002-more", "order": 2, "diff": "patches/sglang/0002-more.patch", "upstream": "x"}],
+        files=old["files"] + [{"path": "sglang/srt/managers/b.py", "pristine": sha(B_PRISTINE),
+                               "patched": sha(B_PATCHED), "patches": ["0002-more"]}])
+    kit.manifest_file().write_text(json.dumps(new))
+    r = kit.cli("apply")
+    assert r.returncode == EXIT_OK, r.stderr
+    assert "keep sglang/srt/a.py (already patched)" in r.stdout
+    assert "patch sglang/srt/managers/b.py (0002-more)" in r.stdout
+    assert kit.cli("verify").returncode == EXIT_OK
+    assert kit.cli("revert").returncode == EXIT_OK
+    assert kit.contents() == before

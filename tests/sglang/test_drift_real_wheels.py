@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -39,10 +40,19 @@ def test_pinned_release_is_identical(pinned, cache):
     assert {p.klass for p in report.patches} == {"identical"}
 
 
+def _only(manifest, patch_id):
+    """The pinned manifest restricted to one patch (its files), as a maintainer porting it would see it."""
+    return dataclasses.replace(manifest, patches=tuple(p for p in manifest.patches if p.id == patch_id),
+                               files=tuple(f for f in manifest.files if f.patches == (patch_id,)), watch=())
+
+
 def test_previous_release_is_moved_with_a_consistent_candidate(pinned, cache):
     """tokenizer_manager.py etc. changed between 0.5.22 and 0.5.23; the truncation hunks moved."""
     wheel = fetch_wheel(ENGINE, "0.5.22", "x86_64", cache)
     files = wheel_files(pinned, wheel)
+    classes = {p.patch: p.klass for p in analyse_release(pinned, "0.5.22", files).patches}
+    assert classes["0001-page-safe-truncation"] == "moved"
+    pinned = _only(pinned, "0001-page-safe-truncation")
     report = analyse_release(pinned, "0.5.22", files)
     patch = report.patches[0]
     assert patch.klass == "moved"
@@ -64,7 +74,8 @@ def test_fix_already_upstream_is_recognised(pinned, cache):
     landed = {p: (apply_file(b, parsed.files[p], path=p)[0] if p in parsed.files else b) for p, b in files.items()}
     report = analyse_release(pinned, "9.9.9", landed)
     assert report.patches[0].klass == "upstream"
-    assert report.candidate["patches"] == []
+    kept = [p["id"] for p in report.candidate["patches"]]
+    assert pinned.patches[0].id not in kept and kept == [p.id for p in pinned.patches[1:]]
 
 
 def test_conflict_on_a_line_that_changed_between_releases(pinned, cache, tmp_path):

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Issue 7 on two GPUs: streamed PLE rows per TP rank + NCCL all-reduce == TP=1, and its speed.
+
+Self-contained for a machine with torch + triton and NO vLLM (device kind ``nvidia-h200-x2``):
+each rank's row range comes from vLLM's own arithmetic (``pad_vocab_size`` and
+``VocabParallelEmbedding._get_indices``, pulled out of a copy of
+``model_executor/layers/vocab_parallel_embedding.py`` with ``ast``; vLLM pads the PLE table to
+``make_ngram_vocab_size_divisible_by``). Rows are delivered by our ``StreamingGather`` (shared
+sidecar reader or mapped file), zero for the other rank's rows, and combined the way vLLM's
+``_reduce_etp_embeddings`` does for FP8: an ``int8`` view all-reduced over NCCL.
+
+Checks (exit 1 if one fails), for random ids, ids at the shard boundary, and duplicates:
+- eager: the assembled rows on both ranks equal a TP=1 read, bit for bit;
+- CUDA-graph replay: a graph holding the NCCL all-reduce and a consumer is replayed after our
+  lookup ran eagerly into its input buffer (as vLLM's breakable graphs run it); same result.
+Measures (same run): delivery time of a 2,048-token chunk (32,768 rows), TP=2 (both ranks
+gather half the rows, then the all-reduce) vs TP=1, page cache warm and cold; ratio TP2/TP1.
+
+NVLink multicast stays off (``NCCL_NVLS_ENABLE=0``, see the device README). Usage::
+
+    python scripts/gpu/vllm_tp2_ple_h200x2.py --src .gpu/vllm-src --out "$OUT/vllm_tp2_ple.json"
+
+CPU smoke test (gloo, no graphs): ``... --device cpu --quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from sglang_ssd_stream.sidecar.format import load_manifest  # noqa: E402
+from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
+from vllm_ple_offload.row_sources import SOURCES  # noqa: E402
+from vllm_ple_offload.streaming import StreamingGather  # noqa: E402
+
+ROW_BYTES = 160
+TOKENS = 2048
+HEADS = 16
+DIVISOR = 128  # make_ngram_vocab_size_divisible_by of the Qwen3.8 config family
+FUNCS = ("pad_vocab_size", "vocab_range_from_per_partition_vocab_size", "vocab_range_from_global_vocab_size")
+
+
+def load_vllm_ranges(src: Path):
+    """vLLM's vocab-range arithmetic, extracted with ast (``divide`` is vLLM's exact-division helper)."""
+    text = src.read_text()
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    parts = ["from dataclasses import dataclass\nfrom typing import Sequence\nDEFAULT_VOCAB_PADDING_SIZE = 64\n",
+             "def divide(numerator, denominator):\n    assert numerator % denominator == 0, (numerator, denominator)\n"
+             "    return numerator // denominator\n"]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in FUNCS:
+            parts.append("\n".join(lines[node.lineno - 1:node.end_lineno]))
+        if isinstance(node, ast.ClassDef) and node.name == "VocabParallelEmbeddingShardIndices":
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+            parts.append("\n".join(lines[start:node.end_lineno]))
+        if isinstance(node, ast.ClassDef) and node.name == "VocabParallelEmbedding":
+            m = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "_get_indices")
+            start = min(d.lineno for d in m.decorator_list) - 1
+            parts.append("class VocabParallelEmbedding:\n" + "\n".join(lines[start:m.end_lineno]))
+    ns: dict = {}
+    exec(compile("\n\n".join(parts), str(src), "exec"), ns)  # noqa: S102 - our own copy of vLLM's source
+    return ns
+
+
+def rank_range(ns, rows: int, rank: int, world: int) -> tuple[int, int]:
+    padded = ns["pad_vocab_size"](rows, DIVISOR)
+    idx = ns["VocabParallelEmbedding"]._get_indices(padded, padded, rows, rows, rank, world)
+    return idx.org_vocab_start_index, idx.org_vocab_end_index
+
+
+def write_table(d: Path, rows: int) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    path, sha, rng = d / "layer-3.bin", hashlib.sha256(), np.random.default_rng(5)
+    with open(path, "wb") as f:
+        left = rows * ROW_BYTES
+        while left:
+            chunk = rng.integers(0, 256, min(left, 256 << 20), dtype=np.uint8).tobytes()
+            f.write(chunk)
+            sha.update(chunk)
+            left -= len(chunk)
+    (d / "ssd-stream.json").write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
+        {"layer": 3, "path": path.name, "sha256": sha.hexdigest(), "dtype": "float8_e4m3fn", "rows": rows,
+         "columns": ROW_BYTES, "bytes": rows * ROW_BYTES}]}))
+    return d / "ssd-stream.json"
+
+
+def cases(rows: int, bounds, n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    edges = np.array(sorted({x for lo, hi in bounds for x in (lo - 1, lo, hi - 1, hi) if 0 <= x < rows}
+                            | {0, rows - 1}), dtype=np.int64)
+    boundary = rng.permutation(np.resize(edges, n))
+    dup = rng.choice(rng.integers(0, rows, 64), n)
+    return {"random": rng.integers(0, rows, n), "boundaries": boundary, "duplicates": dup}
+
+
+def drop_cache(path, g) -> None:
+    m = getattr(g.source, "_map", None)
+    if m is not None:
+        import mmap
+        m.madvise(mmap.MADV_DONTNEED)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def deliver(g: StreamingGather, ids: torch.Tensor, out: torch.Tensor, reduce: bool) -> None:
+    """One TP rank's lookup as vLLM's streamed backend does it: rows, then the FP8 int8 all-reduce."""
+    g.start(ids)
+    g.finish(out)
+    if reduce:
+        dist.all_reduce(out.view(torch.int8))
+
+
+def rank_main(rank: int, world: int, args) -> None:
+    device = torch.device(f"cuda:{rank}") if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
+                            init_method=f"tcp://127.0.0.1:{args.port}")
+    ns = load_vllm_ranges(Path(args.src) / "vocab_parallel_embedding.py")
+    table = load_manifest(args.manifest).table(3)
+    bounds = [rank_range(ns, table.rows, r, world) for r in range(world)]
+    lo, hi = bounds[rank]
+    n = 512 if args.quick else TOKENS * HEADS
+    result = {"rank": rank, "range": [lo, hi], "checks": {}, "timing": []}
+    with SidecarReader(table, max_rows=n, workers=4) as full:
+        truth = {}
+        for name, ids in cases(table.rows, bounds, n).items():
+            want = np.empty((n, ROW_BYTES), np.uint8)
+            full.read_rows(ids, want)
+            truth[name] = (torch.from_numpy(ids).to(device), torch.from_numpy(want).to(device))
+    for kind in sorted(SOURCES):
+        g = StreamingGather(SOURCES[kind](table, vocab_start=lo, vocab_end=hi, total_rows=table.rows,
+                                          workers=args.workers, rows_per_task=args.rows_per_task),
+                            row_bytes=ROW_BYTES, max_ids=n, device=device, label=f"tp{rank}-{kind}")
+        out = torch.empty((n, ROW_BYTES), dtype=torch.uint8, device=device)
+        for name, (ids, want) in truth.items():
+            out.fill_(0xAB)
+            deliver(g, ids, out, reduce=True)
+            sync(device)
+            result["checks"][f"{kind}_{name}_eager"] = bool(torch.equal(out, want))
+        if device.type == "cuda":
+            result["checks"][f"{kind}_graph"] = graph_check(g, truth, n, device)
+            result["timing"] += timing(g, table, truth["random"][0], n, device, args, rank, world, kind)
+        g.close()
+    Path(args.out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def graph_check(g, truth, n, device) -> bool:
+    buf = torch.zeros((n, ROW_BYTES), dtype=torch.uint8, device=device)
+    consumed = torch.zeros_like(buf)
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        dist.all_reduce(buf.view(torch.int8))  # warm NCCL's communicator on this stream before capture
+        with torch.cuda.graph(graph, stream=s):
+            dist.all_reduce(buf.view(torch.int8))
+            consumed.copy_(buf ^ 0)
+    torch.cuda.current_stream(device).wait_stream(s)
+    ok = True
+    for ids, want in truth.values():
+        g.start(ids)
+        g.finish(buf)  # eager, into the graph's fixed input buffer
+        graph.replay()
+        torch.cuda.synchronize(device)
+        ok &= torch.equal(consumed, want)
+    return ok
+
+
+def timing(g, table, ids, n, device, args, rank, world, kind) -> list[dict]:
+    out = torch.empty((n, ROW_BYTES), dtype=torch.uint8, device=device)
+    rows = []
+    for cache in ("warm", "cold"):
+        times = []
+        for _ in range(args.reps):
+            if cache == "cold":
+                drop_cache(table.file, g)
+            dist.barrier()
+            torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            deliver(g, ids, out, reduce=world > 1)
+            torch.cuda.synchronize(device)
+            times.append((time.perf_counter() - t) * 1e3)
+        rows.append({"source": kind, "cache": cache, "world": world, "rank": rank, "ids": n,
+                     "median_ms": statistics.median(times), "min_ms": min(times)})
+    return rows
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(world: int, args) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    args.port = free_port()
+    args.out_dir = tempfile.mkdtemp(prefix=f"tp{world}-")
+    mp.start_processes(rank_main, args=(world, args), nprocs=world, start_method="spawn")
+    return [json.loads(Path(args.out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--src", required=True, help="directory with a copy of vocab_parallel_embedding.py")
+    ap.add_argument("--dir", default="/var/tmp/vllm-tp2-ple")
+    ap.add_argument("--table-gib", type=float, default=4.0)
+    ap.add_argument("--workers", type=int, default=24)
+    ap.add_argument("--rows-per-task", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the device README asks
+    t0 = time.time()
+    rows = 20_000 if args.quick else int(args.table_gib * (1 << 30)) // ROW_BYTES // DIVISOR * DIVISOR
+    args.manifest = str(write_table(Path(args.dir), rows))
+    tp2 = spawn(2, args)
+    tp1 = spawn(1, args)
+    checks = {f"rank{r['rank']}_{k}": v for r in tp2 for k, v in r["checks"].items()}
+    checks.update({f"tp1_{k}": v for k, v in tp1[0]["checks"].items()})
+    checks["ranges_tile_the_table"] = tp2[0]["range"][0] == 0 and tp2[0]["range"][1] == tp2[1]["range"][0] \
+        and tp2[1]["range"][1] == rows
+    report = {"torch": torch.__version__, "rows": rows, "ranges": [r["range"] for r in tp2], "checks": checks,
+              "timing": [t for r in tp2 + tp1 for t in r["timing"]]}
+    ratios = {}
+    for t1 in tp1[0]["timing"]:
+        slowest = max(t["median_ms"] for r in tp2 for t in r["timing"]
+                      if (t["source"], t["cache"]) == (t1["source"], t1["cache"]))
+        ratios[f"{t1['source']}_{t1['cache']}"] = {"tp1_ms": t1["median_ms"], "tp2_ms": slowest,
+                                                    "tp2_over_tp1": slowest / t1["median_ms"]}
+    report["tp2_vs_tp1"] = ratios
+    report["ok"] = all(checks.values())
+    report["seconds"] = time.time() - t0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps({"checks": checks, "tp2_vs_tp1": ratios, "ok": report["ok"]}))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -167,3 +167,33 @@ def test_row_start_offset_table(tmp_path, big):
     inside = (ids >= start) & (ids < stop)
     assert np.array_equal(out[inside], ref[BF16_LAYER][ids[inside]])
     assert not out[~inside].any()
+
+
+def test_small_batches_read_inline_large_batches_use_the_pool(big, monkeypatch):
+    """Decode-sized batches skip the thread pool (its hand-off costs ~1 ms); prefill-sized ones fan out."""
+    import threading
+
+    from sglang_ssd_stream.sidecar import reader as reader_mod
+
+    _, result, ref = big
+    t = result.manifest.table(FP8_LAYER)
+    threads = set()
+    original = reader_mod.SidecarReader._read_runs
+
+    def spy(self, *jobs):
+        threads.add(threading.current_thread().name)
+        return original(self, *jobs)
+
+    monkeypatch.setattr(reader_mod.SidecarReader, "_read_runs", spy)
+    with SidecarReader(t, max_rows=8192, workers=4) as r:
+        small = np.random.default_rng(7).integers(0, t.rows, 16)
+        out = np.empty((small.size, t.row_bytes), np.uint8)
+        r.read_rows(small, out)
+        assert np.array_equal(out, ref[FP8_LAYER][small])
+        assert threads == {threading.current_thread().name}
+        threads.clear()
+        large = _ids(t.rows, t.row_bytes, 4000, seed=8)
+        out = np.empty((large.size, t.row_bytes), np.uint8)
+        r.read_rows(large, out)
+        assert np.array_equal(out, ref[FP8_LAYER][large])
+        assert len(threads) > 1 and threading.current_thread().name not in threads

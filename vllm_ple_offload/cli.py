@@ -1,6 +1,7 @@
 """``vllm-ple-offload``: the vLLM-side command line (the patch core is shared with sglang-ssd-stream).
 
-``patch status|verify|apply|revert|drift`` come from the shared patch core; ``doctor`` runs the
+``patch status|verify|apply|revert|drift`` come from the shared patch core and ``serve``, ``plan``,
+``service``, ``validate`` from the shared operate commands; ``doctor`` runs the
 plugin's preflight and source-state guard for a configuration (the ``VLLM_PLE_*`` variables,
 overridden by the options) and exits 0 when nothing is an error, 4 otherwise.
 """
@@ -16,6 +17,7 @@ from sglang_ssd_stream.errors import EXIT_ENVIRONMENT, EXIT_OK, KitError
 
 
 def build_parser():
+    from sglang_ssd_stream.operate import add_operate_commands
     from sglang_ssd_stream.patching.cli import add_patch_commands
 
     from . import env
@@ -24,6 +26,7 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_patch_commands(sub, "vllm")
+    add_operate_commands(sub, "vllm")  # serve, plan, service, validate
     doctor = sub.add_parser(
         "doctor", help="check this machine and vLLM install for a PLE backend; every problem names its fix",
         description=f"Preflight of the vLLM PLE plugin: UVA, locked-memory limit, ptrace/expandable segments, "
@@ -35,7 +38,7 @@ def build_parser():
     doctor.add_argument("--table-gib", type=float, metavar="GIB",
                         help="bytes the pinned backend will pin per process (default: checked when vLLM loads)")
     doctor.add_argument("--json", action="store_true", help="print a JSON report on stdout")
-    doctor.set_defaults(handler=run_doctor)
+    doctor.set_defaults(func=run_doctor)
     return parser
 
 
@@ -78,7 +81,7 @@ def run_doctor(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        return args.func(args)
     except KitError as exc:
         print(f"vllm-ple-offload: {exc.message}", file=sys.stderr)
         return exc.exit_code

@@ -12,7 +12,7 @@ round covers ``workers x rows_per_task`` rows, so each worker gets about ``rows_
 of every round; the reader's buffer is sized for one round.
 
 ``MmapRows`` is the Thor write-up's gather: the table file mapped read-only and rows copied by a
-pool of ``workers`` threads in tasks of ``rows_per_task`` rows (``numpy.take`` releases the GIL,
+pool of ``workers`` threads (shared by all layers) in tasks of ``rows_per_task`` rows (``numpy.take`` releases the GIL,
 so page faults overlap). Pages stay in the page cache, which the kernel may reclaim; nothing is
 pinned. Imports numpy and the sidecar package only.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import mmap
+import threading
 
 import numpy as np
 
@@ -47,6 +48,20 @@ class SidecarRows:
 
     def close(self) -> None:
         self.reader.close()
+
+
+_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One pool per size for all mapped tables: layers gather one after another, so a pool per
+    layer would only multiply idle threads."""
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ple-mmap")
+        return pool
 
 
 class MmapRows:
@@ -77,7 +92,7 @@ class MmapRows:
             pass
         flat = np.frombuffer(self._map, dtype=np.uint8)
         self._rows = flat[self._skew:].reshape(vocab_end - vocab_start, rb)
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"ple-mmap-L{table.layer}")
+        self._pool = shared_pool(workers)
 
     @property
     def working_set_bytes(self) -> int:
@@ -99,7 +114,6 @@ class MmapRows:
             f.result()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         self._rows = None
         try:
             self._map.close()

@@ -33,7 +33,7 @@ import numpy as np
 from sglang_ssd_stream.sidecar.errors import SidecarRowOutOfRange
 
 from . import LOGGER_NAME
-from .host_memory import account, allocate_registered, fmt_bytes
+from .host_memory import account, allocate_registered, fmt_bytes, startup_line
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -119,9 +119,10 @@ class StreamingGather:
         self._np_rows = self._stage_rows.numpy()
         self._np_ids = self._stage_ids.numpy()
         snap = account(staging_bytes=staging)
-        log.info("PLE %s: %s of %s (%d ids x %d B), row source %s (working set %s); process total %s", label,
-                 fmt_bytes(staging), kind, self.max_ids, self.row_bytes, getattr(source, "kind", type(source).__name__),
-                 fmt_bytes(getattr(source, "working_set_bytes", 0)), fmt_bytes(snap.total))
+        integrated = self.cuda and torch.cuda.get_device_properties(self.device).is_integrated
+        log.info("%s; row source %s, working set %s", startup_line(
+            label, staging, f"{kind} ({self.max_ids} ids x {self.row_bytes} B)", snap, integrated),
+            getattr(source, "kind", type(source).__name__), fmt_bytes(getattr(source, "working_set_bytes", 0)))
         self._driver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ple-gather-{label}")
         self._pending = None  # (future, unique count, inverse) between start() and finish()
         self._staging_free = None  # CUDA event: the last H2D out of staging has completed

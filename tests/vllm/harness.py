@@ -107,8 +107,10 @@ def build(cfg, *, cpu_offload: bool = True, cudagraph_mode: str = "NONE", max_to
                                          prefix=f"model.layers.{LAYER}.ple.ple_embedding")
 
 
-def load_plugins(monkeypatch, settings: dict[str, str]) -> None:
-    """Run vLLM's real plugin loader again with exactly these VLLM_PLE_* variables."""
+def load_plugins(monkeypatch, settings: dict[str, str], prepare=None) -> None:
+    """Run vLLM's real plugin loader again with exactly these VLLM_PLE_* variables.
+
+    ``prepare(nvidia_module)`` runs after the reset, right before the loader."""
     import vllm.plugins
 
     from vllm_ple_offload import hook, plugin
@@ -127,6 +129,8 @@ def load_plugins(monkeypatch, settings: dict[str, str]) -> None:
     if hook._finder is not None and hook._finder in sys.meta_path:
         monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if f is not hook._finder])
     monkeypatch.setattr(hook, "_finder", None)
+    if prepare is not None:
+        prepare(ne)
     vllm.plugins.load_general_plugins()
 
 

@@ -174,3 +174,13 @@ def test_streamed_lookup_is_eager_break_wrapped():
         assert fn.__wrapped__ is not fn and fn.__module__ == "vllm_ple_offload.backends"
         assert importlib.import_module("vllm.compilation.breakable_cudagraph").eager_break_during_capture.__name__ \
             in fn.__code__.co_qualname
+
+
+def test_class_replaced_by_someone_else_is_refused(tmp_path, monkeypatch):
+    _, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
+    foreign = type("ForeignPLE", (), {})
+    with pytest.raises(SystemExit, match="another plugin replaced it, refusing to stack on top"):
+        harness.load_plugins(monkeypatch, settings("sidecar", manifest),
+                             prepare=lambda ne: monkeypatch.setattr(ne, "Qwen4ExpPLEPinnedHostEmbedding", foreign))
+    ne, _ = harness.modules()
+    assert ne.Qwen4ExpPLEPinnedHostEmbedding is foreign  # left as found

@@ -63,6 +63,13 @@ def test_dry_run_changes_nothing(tmp_path):
     assert not (tmp_path / "rt").exists() and not (tmp_path / "bin").exists()
 
 
+def test_dry_run_vllm_engine(tmp_path):
+    r = run(["--engine", "vllm", "--dry-run", "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
+    assert r.returncode == 0, r.stderr
+    assert "vllm==0.33.0" in r.stdout and "vllm-ple-offload patch apply" in r.stdout
+    assert not (tmp_path / "rt").exists()
+
+
 def test_check_on_missing_runtime_fails(tmp_path):
     r = run(["--check", "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
     assert r.returncode == 1 and "no sglang 0.5.23 venv" in r.stdout

@@ -54,8 +54,10 @@ def refuse_rocm(module) -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
-        raise NotImplementedError(f"vllm-ple-offload: the PLE backends are not verified on ROCm; unset "
-                                  f"{env.CPU_OFFLOAD} to use vLLM's own ROCm PLE path")
+        from .errors import PreflightFailed
+
+        raise PreflightFailed(f"vllm-ple-offload: the PLE backends are not verified on ROCm; unset "
+                              f"{env.CPU_OFFLOAD} to use vLLM's own ROCm PLE path")
 
 
 def activate(settings: env.PleSettings) -> None:

@@ -41,7 +41,7 @@ for suite in $suites; do
         vllm)
             vl=$(scripts/engine-venv.sh vllm)
             echo "== vllm venv: $vl"
-            HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/vllm -m vllm "$@" || status=1 ;;
+            HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/vllm tests/test_wheel_architectures.py -m vllm "$@" || status=1 ;;
         *) echo "unknown suite: $suite (expected sglang or vllm)" >&2; exit 64 ;;
     esac
 done

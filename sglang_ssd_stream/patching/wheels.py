@@ -14,8 +14,10 @@ from pathlib import Path
 from ..errors import EnvironmentProblem
 from .engines import Engine
 
-PLATFORMS = {"x86_64": "manylinux_2_34_x86_64", "aarch64": "manylinux_2_34_aarch64"}
-# vllm publishes cp38-abi3 manylinux_2_28 wheels; pip accepts an older manylinux tag for a newer request.
+# pip matches --platform tags exactly, so name each manylinux level the engines publish
+# (sglang: manylinux_2_34; vllm: manylinux_2_28, cp38-abi3).
+MANYLINUX = ("manylinux_2_34", "manylinux_2_28", "manylinux_2_17", "manylinux2014")
+PLATFORMS = {arch: [f"{tag}_{arch}" for tag in MANYLINUX] for arch in ("x86_64", "aarch64")}
 
 
 def fetch_wheel(engine: Engine, release: str, arch: str, cache: Path, python: str = "3.11") -> Path:
@@ -26,7 +28,8 @@ def fetch_wheel(engine: Engine, release: str, arch: str, cache: Path, python: st
         return found[0]
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-q", "--platform", PLATFORMS[arch], "--python-version", python, "--implementation", "cp",
+           "-q", *(a for tag in PLATFORMS[arch] for a in ("--platform", tag)), "--python-version", python,
+           "--implementation", "cp",
            "-d", str(dest), f"{engine.distribution}=={release}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(dest.glob("*.whl"))

@@ -120,3 +120,17 @@ def test_truncated_sidecar_table(monkeypatch, sidecar):
     with pytest.raises(SystemExit, match="is truncated"):
         harness.load_plugins(monkeypatch, streaming(sidecar))
     shutil.rmtree(sidecar.parent)
+
+
+def test_rocm_is_refused(monkeypatch):
+    """The PLE backends are verified on CUDA only; on ROCm the swap refuses and names the fix."""
+    from vllm.platforms import current_platform
+
+    from vllm_ple_offload.activate import refuse_rocm
+    from vllm_ple_offload.errors import PreflightFailed
+
+    monkeypatch.setattr(type(current_platform), "is_rocm", lambda self: True)
+    with pytest.raises(PreflightFailed, match="not verified on ROCm; unset VLLM_PLE_CPU_OFFLOAD"):
+        refuse_rocm(None)
+    monkeypatch.setattr(type(current_platform), "is_rocm", lambda self: False)
+    refuse_rocm(None)  # CUDA (and the CPU test platform): no refusal

@@ -86,3 +86,15 @@ def engine_venv(name: str) -> EngineVenv:
 
 def outcomes_only(results: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in results.items() if k != "__output__"}
+
+
+def assert_red_green(eng: EngineVenv, check: str, red: set[str], guards: set[str]) -> None:
+    """On the pristine engine exactly ``red`` fails (``guards`` pass); patched, everything passes."""
+    eng.ensure_pristine()
+    before = eng.run_checks(check)
+    assert outcomes_only(before) == {**{t: "failed" for t in red}, **{t: "passed" for t in guards}}, \
+        before["__output__"]
+    eng.ensure_patched()
+    after = eng.run_checks(check)
+    assert outcomes_only(after) == {t: "passed" for t in red | guards}, after["__output__"]
+    eng.ensure_pristine()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..engine import outcomes_only
+from ..engine import assert_red_green
 
 PATCH_ID = "0004-sm110-gates"
 CHECK = "tests/sglang/checks/check_0004_sm110_gates.py"
@@ -21,12 +21,4 @@ GUARDS = {
 
 
 def test_red_on_pristine_green_when_patched(sglang_release):
-    sglang = sglang_release
-    sglang.ensure_pristine()
-    red = sglang.run_checks(CHECK)
-    assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]
-
-    sglang.ensure_patched()
-    green = sglang.run_checks(CHECK)
-    assert outcomes_only(green) == {t: "passed" for t in RED | GUARDS}, green["__output__"]
-    sglang.ensure_pristine()
+    assert_red_green(sglang_release, CHECK, RED, GUARDS)

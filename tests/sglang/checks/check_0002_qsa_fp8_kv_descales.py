@@ -15,16 +15,13 @@ the outer test, which compares the pristine and the patched run bit for bit.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import triton.language as tl
-import triton.runtime.interpreter as interp
+
+import qsa_interpreter  # sibling module: shared interpreter fixes
 
 from sglang.srt.layers.attention import qwen_sparse_attn_backend as backend_mod
 from sglang.srt.layers.attention.qsa import sparse_attn as sa
@@ -36,38 +33,12 @@ H_Q, H_KV, D = 16, 2, 64
 SCALE = D ** -0.5
 FP8 = torch.float8_e4m3fn
 KS, VS = 4.0, 0.25  # checkpoint descales used throughout
-OUT = Path(os.environ.get("QSA_CHECK_OUT") or tempfile.mkdtemp(prefix="qsa-0002-"))
-
-
-def _fix_interpreter():
-    """Make Triton's CPU interpreter compute what compiled kernels compute: a Python float
-    argument is an fp32 scalar (not a weak constant that breaks bf16 arithmetic), and tl.dot
-    multiplies bf16 values (the interpreter multiplies their uint16 bit patterns)."""
-    cvt, dot = interp._implicit_cvt, interp.InterpreterBuilder.create_dot
-
-    def implicit_cvt(arg):
-        if isinstance(arg, float):
-            return tl.tensor(interp.TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
-        return cvt(arg)
-
-    def widen(h):
-        if h.dtype == tl.bfloat16:
-            return interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-        return h
-
-    interp._implicit_cvt = implicit_cvt
-    interp.InterpreterBuilder.create_dot = lambda self, a, b, d, *rest: dot(self, widen(a), widen(b), d, *rest)
-
-
-assert os.environ.get("TRITON_INTERPRET") == "1", "run through the engine harness (TRITON_INTERPRET=1)"
-_fix_interpreter()
-# The launchers pick BF16 tiles by the GPU's name; there is none on the CPU: an H200's.
-torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
+OUT = qsa_interpreter.output_dir("qsa-0002-")
+qsa_interpreter.install()
 
 
 def _save(name, *tensors):
-    """Raw bytes of the outputs: the outer test compares the pristine and patched runs' files."""
-    (OUT / f"{name}.bin").write_bytes(b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for t in tensors))
+    qsa_interpreter.save(OUT, name, *tensors)
 
 
 def _gen(seed):

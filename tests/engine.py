@@ -88,13 +88,22 @@ def outcomes_only(results: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in results.items() if k != "__output__"}
 
 
-def assert_red_green(eng: EngineVenv, check: str, red: set[str], guards: set[str]) -> None:
-    """On the pristine engine exactly ``red`` fails (``guards`` pass); patched, everything passes."""
+def assert_red_green(eng: EngineVenv, check: str, red: set[str], guards: set[str],
+                     outputs: Path | None = None) -> None:
+    """On the pristine engine exactly ``red`` fails (``guards`` pass); patched, everything passes.
+
+    With ``outputs``, each run writes its result files to ``outputs/pristine`` / ``outputs/patched``
+    (``QSA_CHECK_OUT``) for the caller to compare byte for byte."""
+    runs = {}
+    for state in ("pristine", "patched"):
+        (eng.ensure_pristine if state == "pristine" else eng.ensure_patched)()
+        env = None
+        if outputs is not None:
+            (outputs / state).mkdir(parents=True)
+            env = {"QSA_CHECK_OUT": str(outputs / state)}
+        runs[state] = eng.run_checks(check, extra_env=env)
     eng.ensure_pristine()
-    before = eng.run_checks(check)
+    before, after = runs["pristine"], runs["patched"]
     assert outcomes_only(before) == {**{t: "failed" for t in red}, **{t: "passed" for t in guards}}, \
         before["__output__"]
-    eng.ensure_patched()
-    after = eng.run_checks(check)
     assert outcomes_only(after) == {t: "passed" for t in red | guards}, after["__output__"]
-    eng.ensure_pristine()

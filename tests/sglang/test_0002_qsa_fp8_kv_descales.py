@@ -3,7 +3,7 @@ pristine, GREEN patched, and the outputs that must not change are byte-identical
 
 from __future__ import annotations
 
-from ..engine import outcomes_only
+from ..engine import assert_red_green
 
 CHECK = "tests/sglang/checks/check_0002_qsa_fp8_kv_descales.py"
 
@@ -36,16 +36,7 @@ SAME_BYTES = ["chunk-bf16", "paged-bf16", "decode-bf16", "compact-bf16", "pack-b
 
 
 def test_red_on_pristine_green_when_patched(sglang, tmp_path):
-    runs = {}
-    for state in ("pristine", "patched"):
-        (sglang.ensure_pristine if state == "pristine" else sglang.ensure_patched)()
-        out = tmp_path / state
-        out.mkdir()
-        runs[state] = sglang.run_checks(CHECK, extra_env={"QSA_CHECK_OUT": str(out)})
-    sglang.ensure_pristine()
-    red, green = runs["pristine"], runs["patched"]
-    assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]
-    assert outcomes_only(green) == {t: "passed" for t in RED | GUARDS}, green["__output__"]
+    assert_red_green(sglang, CHECK, RED, GUARDS, outputs=tmp_path)
     for name in SAME_BYTES:
         before, after = ((tmp_path / s / f"{name}.bin").read_bytes() for s in ("pristine", "patched"))
         assert before and before == after, f"{name}: patched output differs from pristine"

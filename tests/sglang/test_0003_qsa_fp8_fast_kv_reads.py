@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from ..engine import outcomes_only
+from ..engine import assert_red_green
 
 CHECK = "tests/sglang/checks/check_0003_qsa_fp8_fast_kv_reads.py"
 
@@ -22,16 +22,7 @@ GUARDS = {
 
 
 def test_red_on_pristine_green_when_patched(sglang, tmp_path):
-    runs = {}
-    for state in ("pristine", "patched"):
-        (sglang.ensure_pristine if state == "pristine" else sglang.ensure_patched)()
-        out = tmp_path / state
-        out.mkdir()
-        runs[state] = sglang.run_checks(CHECK, extra_env={"QSA_CHECK_OUT": str(out)})
-    sglang.ensure_pristine()
-    red, green = runs["pristine"], runs["patched"]
-    assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]
-    assert outcomes_only(green) == {t: "passed" for t in RED | GUARDS}, green["__output__"]
+    assert_red_green(sglang, CHECK, RED, GUARDS, outputs=tmp_path)
     for path in ("chunk", "paged", "decode"):
         before, after = ((tmp_path / s / f"{path}-bf16.bin").read_bytes() for s in ("pristine", "patched"))
         assert before and before == after, f"{path}: BF16 output differs from pristine"

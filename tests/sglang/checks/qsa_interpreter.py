@@ -1,4 +1,5 @@
-"""Shared by the QSA check modules, which run inside the sglang venv under TRITON_INTERPRET=1."""
+"""Shared by the QSA check modules, which run inside the sglang venv under TRITON_INTERPRET=1:
+interpreter fixes, output files for byte comparison, and the float64 reference."""
 
 from __future__ import annotations
 
@@ -42,3 +43,19 @@ def output_dir(prefix: str) -> Path:
 def save(out: Path, name: str, *tensors) -> None:
     """Raw bytes of the outputs: the outer test compares the pristine and patched runs' files."""
     (out / f"{name}.bin").write_bytes(b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for t in tensors))
+
+
+def reference_attention(q, k, v, sel, scale: float, h_kv: int):
+    """float64 sparse GQA of q [rows, H_Q, D] over rows ``sel`` [rows, h_kv, topk] of k/v."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    g = q.shape[1] // h_kv
+    for h in range(h_kv):
+        s = sel[:, h].long()
+        kk, vv = k[:, h].double()[s], v[:, h].double()[s]
+        w = torch.einsum("rgd,rtd->rgt", q.double()[:, h * g:(h + 1) * g], kk) * scale
+        out[:, h * g:(h + 1) * g] = torch.einsum("rgt,rtd->rgd", torch.softmax(w, -1), vv)
+    return out
+
+
+def rel_err(out, ref) -> float:
+    return float((out.double() - ref).norm() / ref.norm())

@@ -23,6 +23,7 @@ NO_VERIFY_ENV = "SGLANG_SSD_STREAM_NO_VERIFY"  # "1": skip the SHA-256 pass (exp
 TRUSTED_ROOTS_ENV = "SGLANG_SSD_STREAM_TRUSTED_ROOTS"  # os.pathsep-separated extra roots
 GATHER_MODE_ENV = "SGLANG_SSD_STREAM_PLE_GATHER"  # uva (default) | h2d
 WORKERS_ENV = "SGLANG_SSD_STREAM_READ_WORKERS"
+IO_ENV = "SGLANG_SSD_STREAM_IO"  # mmap (default) | pread
 MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_WORKERS = 16
@@ -119,6 +120,24 @@ def max_tokens() -> int:
     except ValueError:
         chunk = None
     return int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_TOKENS
+
+
+def io_mode() -> str:
+    from ..sidecar import IO_MODES
+
+    mode = os.environ.get(IO_ENV, "mmap")
+    if mode not in IO_MODES:
+        raise ValueError(f"{IO_ENV}={mode!r}: expected one of {', '.join(IO_MODES)}")
+    return mode
+
+
+def validate_env() -> None:
+    """Refuse bad knob values when the plugin starts rather than at the first model load."""
+    io_mode()
+    gather_mode()
+    env_int(WORKERS_ENV, DEFAULT_WORKERS)
+    if os.environ.get(MAX_TOKENS_ENV):
+        env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
 
 
 def gather_mode() -> str:

@@ -68,6 +68,7 @@ def install() -> bool:
     global _installed
     if config.disabled():
         return False
+    config.validate_env()
     if _installed:
         return True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -127,13 +128,14 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
 
     from sglang.srt.models.qwen4_exp import Qwen4ExpNGramEmbedding, Qwen4ExpPinnedHostEmbedding
 
+    from ..sidecar import open_reader
     from ..sidecar.format import check_model_shape
-    from ..sidecar.reader import SidecarReader, rows_for_tokens
+    from ..sidecar.reader import rows_for_tokens
     from .staging import SidecarGather
 
     rows = rows_for_tokens(config.max_tokens())
     workers = config.env_int(config.WORKERS_ENV, config.DEFAULT_WORKERS)
-    mode = config.gather_mode()
+    mode, io = config.gather_mode(), config.io_mode()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     bound = {}
     for name, mod in model.named_modules():
@@ -151,14 +153,14 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
         lo, hi = emb.shard_indices.org_vocab_start_index, emb.shard_indices.org_vocab_end_index
         check_model_shape(table, dtype=str(emb.weight.dtype), columns=emb.embedding_dim, rows=emb.org_vocab_size,
                           row_range=(lo, hi))
-        reader = SidecarReader(table, vocab_start=lo, vocab_end=hi, max_rows=rows, workers=workers)
+        reader = open_reader(table, io, vocab_start=lo, vocab_end=hi, max_rows=rows, workers=workers)
         emb._ssd_stream = SidecarGather(reader, columns=emb.embedding_dim,
                                         is_fp8=emb.weight.dtype == torch.float8_e4m3fn, capacity_rows=rows,
                                         device=device, mode=mode)
         emb._ssd_stream_layer = layer
         bound[layer] = emb
-        log.info("PLE layer %d: sidecar %s rows [%d, %d), %s, working set %.1f MiB", layer, table.file, lo, hi, mode,
-                 emb._ssd_stream.working_set_bytes / 2**20)
+        log.info("PLE layer %d: sidecar %s rows [%d, %d), %s reads x %d, %s, working set %.1f MiB", layer, table.file,
+                 lo, hi, io, workers, mode, emb._ssd_stream.working_set_bytes / 2**20)
     if not bound:
         raise SidecarHookError(f"a PLE sidecar is configured ({sidecar.manifest.path}) but the model has no PLE layer")
     return bound

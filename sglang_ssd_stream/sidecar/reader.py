@@ -74,6 +74,46 @@ def _close_fd(fd: int, pool: concurrent.futures.ThreadPoolExecutor | None) -> No
         pass
 
 
+def check_ids(ids, table: SidecarTable, total_rows: int) -> np.ndarray:
+    """``ids`` as a 1-D int64 array, or :class:`SidecarShapeMismatch`/:class:`SidecarRowOutOfRange`."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise SidecarShapeMismatch(
+            f"row ids must be a 1-D integer array, got {ids.dtype} with shape {ids.shape}",
+            actual=(str(ids.dtype), ids.shape), expected="1-D int64",
+        )
+    if ids.dtype == np.uint64 and ids.size and int(ids.max()) >= 1 << 63:
+        raise SidecarRowOutOfRange(
+            f"PLE row id {int(ids.max())} is outside table {table.path}, expected 0 <= id < {total_rows}",
+            path=str(table.file), actual=int(ids.max()), expected=(0, total_rows),
+        )
+    return ids.astype(np.int64, copy=False)
+
+
+def check_bounds(ids: np.ndarray, table: SidecarTable, total_rows: int) -> None:
+    """Every id lies in ``[0, total_rows)``, else :class:`SidecarRowOutOfRange` naming the first bad one."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= total_rows):
+        bad = int(np.flatnonzero((ids < 0) | (ids >= total_rows))[0])
+        raise SidecarRowOutOfRange(
+            f"PLE row id {int(ids[bad])} (position {bad}) is outside table {table.path} "
+            f"of layer {table.layer}, expected 0 <= id < {total_rows}",
+            path=str(table.file), actual=int(ids[bad]), expected=(0, total_rows),
+        )
+
+
+def check_out(out, n: int, row_bytes: int) -> None:
+    """``out`` is a writable C-contiguous uint8 ``[n, row_bytes]`` array."""
+    if (
+        not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (n, row_bytes)
+        or not out.flags.c_contiguous or not out.flags.writeable
+    ):
+        desc = (f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__)
+        raise SidecarShapeMismatch(
+            f"output must be a writable C-contiguous uint8 array of shape ({n}, {row_bytes}), got {desc}",
+            actual=desc, expected=("uint8", (n, row_bytes)),
+        )
+
+
 class SidecarReader:
     """Reads rows of one PLE table with a fixed working set.
 
@@ -248,15 +288,7 @@ class SidecarReader:
         self._check_out(out, n)
         with self._lock:
             self._check_usable()
-            if n:
-                lo, hi = int(ids.min()), int(ids.max())
-                if lo < 0 or hi >= self.total_rows:
-                    bad = int(np.flatnonzero((ids < 0) | (ids >= self.total_rows))[0])
-                    raise SidecarRowOutOfRange(
-                        f"PLE row id {int(ids[bad])} (position {bad}) is outside table {self.table.path} "
-                        f"of layer {self.table.layer}, expected 0 <= id < {self.total_rows}",
-                        path=str(self.table.file), actual=int(ids[bad]), expected=(0, self.total_rows),
-                    )
+            check_bounds(ids, self.table, self.total_rows)
             self._stats["calls"] += 1
             self._stats["rows"] += n
             try:
@@ -298,29 +330,10 @@ class SidecarReader:
             )
 
     def _check_ids(self, ids) -> np.ndarray:
-        ids = np.asarray(ids)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise SidecarShapeMismatch(
-                f"row ids must be a 1-D integer array, got {ids.dtype} with shape {ids.shape}",
-                actual=(str(ids.dtype), ids.shape), expected="1-D int64",
-            )
-        if ids.dtype == np.uint64 and ids.size and int(ids.max()) >= 1 << 63:
-            raise SidecarRowOutOfRange(
-                f"PLE row id {int(ids.max())} is outside table {self.table.path}, expected 0 <= id < {self.total_rows}",
-                path=str(self.table.file), actual=int(ids.max()), expected=(0, self.total_rows),
-            )
-        return ids.astype(np.int64, copy=False)
+        return check_ids(ids, self.table, self.total_rows)
 
     def _check_out(self, out, n: int) -> None:
-        if (
-            not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (n, self.row_bytes)
-            or not out.flags.c_contiguous or not out.flags.writeable
-        ):
-            desc = (f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__)
-            raise SidecarShapeMismatch(
-                f"output must be a writable C-contiguous uint8 array of shape ({n}, {self.row_bytes}), got {desc}",
-                actual=desc, expected=("uint8", (n, self.row_bytes)),
-            )
+        check_out(out, n, self.row_bytes)
 
     # ------------------------------------------------------------------ planning and I/O
 

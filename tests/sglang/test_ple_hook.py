@@ -7,14 +7,18 @@ from ..engine import outcomes_only
 CHECK = "tests/sglang/checks/check_ple_hook.py"
 EXPECTED = {
     "test_hooks_land_on_real_classes_after_load_plugins",
-    *(f"test_lookup_bit_identical_to_sglang_offload_path[tp{t}-{d}]"
-      for t in range(3) for d in ("float8_e4m3fn", "bfloat16")),
+    *(f"test_lookup_bit_identical_to_sglang_offload_path[tp{t}-{d}-{io}]"
+      for t in range(3) for d in ("float8_e4m3fn", "bfloat16") for io in ("mmap", "pread")),
     "test_refuses_without_ple_offload",
     "test_refuses_dtype_mismatch_with_model_config",
     "test_refuses_a_checkpoint_scale_that_disagrees_with_the_sidecar",
     "test_refuses_a_sidecar_with_a_wrong_sha256",
     "test_gather_on_an_unbound_sidecar_table_refuses",
-    "test_read_error_after_bind_fails_closed",
+    "test_read_error_after_bind_fails_closed[pread-SidecarIOError-short read]",
+    "test_read_error_after_bind_fails_closed[mmap-SidecarTruncated-truncated: it has 4096 bytes]",
+    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]",
+    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d]",
+    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-0-SGLANG_SSD_STREAM_READ_WORKERS=0 must be at least 1]",
     "test_conversion_kernel_matches_sglang_kernel_for_every_byte",
     "test_install_raises_when_a_hook_cannot_land[apply_fails]",
     "test_install_raises_when_a_hook_cannot_land[missing_target]",

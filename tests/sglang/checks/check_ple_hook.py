@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import types
@@ -139,9 +140,10 @@ def test_hooks_land_on_real_classes_after_load_plugins(env):
     assert hooks.install() is True  # idempotent: a second install (e.g. from plugin.register) is harmless
 
 
+@pytest.mark.parametrize("io", ["mmap", "pread"])
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "bfloat16"])
 @pytest.mark.parametrize("tp", [(0, 1), (0, 2), (1, 2)])
-def test_lookup_bit_identical_to_sglang_offload_path(env, tmp_path, monkeypatch, dtype, tp):
+def test_lookup_bit_identical_to_sglang_offload_path(env, tmp_path, monkeypatch, dtype, tp, io):
     q = env.q
     from sglang.srt.runtime_context import get_context
     from sglang.srt.server_args import ServerArgs
@@ -150,6 +152,7 @@ def test_lookup_bit_identical_to_sglang_offload_path(env, tmp_path, monkeypatch,
 
     ck = env.ck[dtype]
     monkeypatch.delenv("SGLANG_SSD_STREAM_SIDECAR", raising=False)
+    monkeypatch.setenv("SGLANG_SSD_STREAM_IO", io)
     ref = _Model(q, _config(dtype, table_dir=str(tmp_path / "tbl")), tp)
     ref_loaded = ref.load(q, ck.path)
     ids = _ids(q, ref.ngram, 96, seed=tp[0] * 10 + tp[1])
@@ -172,6 +175,7 @@ def test_lookup_bit_identical_to_sglang_offload_path(env, tmp_path, monkeypatch,
         got = _gather(emb, ids)
     assert not (tmp_path / "must-not-exist").exists()  # no file-backend table was created
     assert isinstance(emb._ssd_stream, SidecarGather)
+    assert type(emb._ssd_stream.reader).__name__ == {"mmap": "MappedReader", "pread": "SidecarReader"}[io]
     # the shards never reached sglang's loader; the scale did
     assert f"model.layers.{LAYER}.ple.ple_embedding.ngram_embedding.weight" in ref_loaded
     assert f"model.layers.{LAYER}.ple.ple_embedding.ngram_embedding.weight" not in loaded
@@ -255,22 +259,40 @@ def test_gather_on_an_unbound_sidecar_table_refuses(env, monkeypatch):
         _gather(m.ngram.ngram_embedding, torch.zeros((2, 16), dtype=torch.long))
 
 
-def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("io,error,message", [("pread", "SidecarIOError", "short read"),
+                                              ("mmap", "SidecarTruncated", "truncated: it has 4096 bytes")])
+def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch, io, error, message):
     import shutil
 
-    from sglang_ssd_stream.sidecar.errors import SidecarIOError, SidecarReaderUnusable
+    from sglang_ssd_stream.sidecar import errors
 
     art = tmp_path / "art"
     shutil.copytree(env.root / "sidecar-float8_e4m3fn", art)
     monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(art))
+    monkeypatch.setenv("SGLANG_SSD_STREAM_IO", io)
     m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
     m.load(env.q, env.ck["float8_e4m3fn"].path)
     os.truncate(next((art / "ple").iterdir()), 4096)  # the file shrinks under the running server
     ids = torch.full((4, 16), ROWS - 1, dtype=torch.long)
-    with pytest.raises(SidecarIOError, match="short read"):
+    with pytest.raises(getattr(errors, error), match=message):
         _gather(m.ngram.ngram_embedding, ids)
-    with pytest.raises(SidecarReaderUnusable):
+    with pytest.raises(errors.SidecarReaderUnusable):
         _gather(m.ngram.ngram_embedding, torch.zeros((1, 16), dtype=torch.long))
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("SGLANG_SSD_STREAM_IO", "aio", "SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread"),
+    ("SGLANG_SSD_STREAM_PLE_GATHER", "zero-copy", "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d"),
+    ("SGLANG_SSD_STREAM_READ_WORKERS", "0", "SGLANG_SSD_STREAM_READ_WORKERS=0 must be at least 1"),
+])
+def test_bad_knob_values_stop_the_plugin_at_start(monkeypatch, name, value, message):
+    """A bad value is refused when the plugin registers, not at the first request."""
+    from sglang_ssd_stream import plugin
+
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(plugin, "_registered", False)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        plugin.register()
 
 
 def test_conversion_kernel_matches_sglang_kernel_for_every_byte(env):

@@ -1,0 +1,227 @@
+"""PLE sidecar rows through a read-only memory map, copied by a thread pool.
+
+``MappedReader.read_rows(ids, out)`` has the contract of
+:class:`~sglang_ssd_stream.sidecar.reader.SidecarReader` (any order, duplicates, rows of other
+tensor-parallel ranks zero, ids outside the table refused before anything is written) but
+reads through a mapping of this rank's rows instead of ``preadv`` into a page buffer:
+
+- *Warm* rows (in the page cache) cost a memory copy: ``numpy.take`` of 32,768 rows takes
+  well under a millisecond, where one ``preadv`` per row costs microseconds of Python and,
+  with many threads, GIL hand-offs.
+- *Cold* rows fault in one 4 KiB page each (``MADV_RANDOM``: no read-ahead); ``numpy.take``
+  releases the GIL, so ``workers`` threads keep ``workers`` page faults in flight, the same
+  queue depth as the ``preadv`` reader.
+- Lookups of at most ``inline_rows`` rows (decode steps) are copied on the calling thread: a
+  hand-off to the pool costs more than the copy.
+
+Memory: nothing is allocated per table; the mapped pages are page cache, which the kernel
+reclaims. Per call a few index arrays of ``len(ids)`` entries.
+
+Failure: the file size is checked before every call, so a table truncated while mapped is
+refused (:class:`SidecarTruncated`) and the reader stays closed for use. A *media* error while
+copying cannot be turned into an exception: the kernel sends SIGBUS and the process dies
+(``faulthandler`` prints where). Either way no zero row is ever returned for a row of this
+rank. :class:`SidecarReader` (``io="pread"``) turns every I/O error into an exception instead.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import faulthandler
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from .errors import SidecarIOError, SidecarReaderUnusable, SidecarShapeMismatch, SidecarTruncated
+from .format import SidecarTable
+from .reader import check_bounds, check_ids, check_out
+
+DEFAULT_WORKERS = 16
+DEFAULT_INLINE_ROWS = 256  # a decode batch of 16 tokens: copied on the caller's thread
+
+_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One pool per size for all mapped tables of a process: lookups of different layers run
+    one after another, so a pool per table would only multiply idle threads."""
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ple-mmap")
+        return pool
+
+
+class MappedReader:
+    """Reads rows of one PLE table through a read-only mapping of this rank's rows.
+
+    Args:
+        table: the table (from :func:`sglang_ssd_stream.sidecar.format.load_manifest`).
+        vocab_start, vocab_end: this rank's global row range (default: the whole table).
+        max_rows: the largest lookup planned at once (bounds the per-call index arrays).
+        workers: copy threads = page faults in flight on a cold table.
+        rows_per_task: rows one thread copies per task (default: the lookup split evenly
+            over ``workers``).
+        inline_rows: lookups up to this many rows run on the calling thread.
+        total_rows: ids must lie in ``[0, total_rows)``; default ``table.row_end``.
+    """
+
+    io = "mmap"
+
+    def __init__(self, table: SidecarTable, *, vocab_start: int | None = None, vocab_end: int | None = None,
+                 max_rows: int, workers: int = DEFAULT_WORKERS, rows_per_task: int | None = None,
+                 inline_rows: int = DEFAULT_INLINE_ROWS, total_rows: int | None = None):
+        self.table = table
+        self.row_bytes = rb = table.row_bytes
+        self.vocab_start = table.row_start if vocab_start is None else int(vocab_start)
+        self.vocab_end = table.row_end if vocab_end is None else int(vocab_end)
+        self.total_rows = table.row_end if total_rows is None else int(total_rows)
+        self.max_rows, self.workers, self.inline_rows = int(max_rows), int(workers), int(inline_rows)
+        self.rows_per_task = None if rows_per_task is None else int(rows_per_task)
+        if not (table.row_start <= self.vocab_start < self.vocab_end <= table.row_end) or self.total_rows < table.row_end:
+            raise SidecarShapeMismatch(
+                f"PLE table {table.file} covers rows [{table.row_start}, {table.row_end}), not this rank's rows "
+                f"[{self.vocab_start}, {self.vocab_end}) of {self.total_rows}", path=str(table.file),
+                actual=(table.row_start, table.row_end), expected=(self.vocab_start, self.vocab_end))
+        if self.max_rows < 1 or self.workers < 1 or self.inline_rows < 0 or (self.rows_per_task or 1) < 1:
+            raise SidecarShapeMismatch(
+                f"max_rows ({self.max_rows}), workers ({self.workers}) and rows_per_task ({self.rows_per_task}) "
+                f"must be at least 1", path=str(table.file), actual=(self.max_rows, self.workers), expected=">= 1")
+        try:
+            self._fd = os.open(table.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}", path=str(table.file)) from exc
+        try:
+            self._check_size()
+            first = (self.vocab_start - table.row_start) * rb  # map only this rank's rows
+            skew = first % mmap.ALLOCATIONGRANULARITY
+            length = (self.vocab_end - self.vocab_start) * rb + skew
+            try:
+                self._map = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ, offset=first - skew)
+            except (OSError, ValueError) as exc:
+                raise SidecarIOError(f"cannot map PLE table {table.file}: {exc}", path=str(table.file)) from exc
+            try:
+                self._map.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
+            except (AttributeError, OSError):
+                pass
+            self._rows = np.frombuffer(self._map, dtype=np.uint8)[skew:].reshape(self.vocab_end - self.vocab_start, rb)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        if not faulthandler.is_enabled():
+            faulthandler.enable(all_threads=True)  # a media error under the mapping is a SIGBUS: say where
+        self._pool = shared_pool(self.workers) if self.workers > 1 else None
+        self._lock = threading.Lock()
+        self._failure: str | None = None
+        self._closed = False
+        self._stats = {"calls": 0, "rows": 0, "rows_in_range": 0, "tasks": 0}
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def working_set_bytes(self) -> int:
+        """Per-call index arrays of a ``max_rows`` lookup; the mapped pages are reclaimable page cache."""
+        return self.max_rows * 17
+
+    @property
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    @property
+    def usable(self) -> bool:
+        return not self._closed and self._failure is None
+
+    def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out[i]`` with the bytes of global row ``ids[i]`` (zero for other ranks' rows).
+
+        Raises like :meth:`SidecarReader.read_rows`; a table that shrank since it was opened
+        raises :class:`SidecarTruncated` and makes the reader unusable.
+        """
+        ids = check_ids(ids, self.table, self.total_rows)
+        n = ids.shape[0]
+        check_out(out, n, self.row_bytes)
+        with self._lock:
+            self._check_usable()
+            check_bounds(ids, self.table, self.total_rows)
+            try:
+                self._check_size()
+            except (SidecarIOError, SidecarTruncated) as exc:
+                self._failure = exc.message
+                raise
+            self._stats["calls"] += 1
+            self._stats["rows"] += n
+            if n == 0:
+                return
+            local = ids - self.vocab_start
+            outside = (local < 0) | (local >= self._rows.shape[0])
+            any_outside = bool(outside.any())
+            if any_outside:
+                np.clip(local, 0, self._rows.shape[0] - 1, out=local)  # copied, then zeroed below
+            self._stats["rows_in_range"] += n - int(outside.sum()) if any_outside else n
+            self._copy(local, out)
+            if any_outside:
+                out[outside] = 0
+
+    def close(self) -> None:
+        """Release the mapping and the file; later reads raise :class:`SidecarReaderUnusable`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._rows = None
+            try:
+                self._map.close()
+            except BufferError:  # a caller still holds a view of the mapping; it goes with that view
+                pass
+            os.close(self._fd)
+
+    def __enter__(self) -> "MappedReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"MappedReader({self.table.file}, rows=[{self.vocab_start}, {self.vocab_end}), "
+                f"row_bytes={self.row_bytes}, workers={self.workers})")
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SidecarReaderUnusable(f"PLE sidecar reader for {self.table.file} is closed", path=str(self.table.file))
+        if self._failure is not None:
+            raise SidecarReaderUnusable(
+                f"PLE sidecar reader for {self.table.file} is unusable after an earlier failure: {self._failure}",
+                path=str(self.table.file), cause=self._failure)
+
+    def _check_size(self) -> None:
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            raise SidecarIOError(f"cannot stat PLE table {self.table.file}: {exc.strerror or exc}",
+                                 path=str(self.table.file)) from exc
+        if size < self.table.bytes:
+            raise SidecarTruncated(
+                f"PLE table {self.table.file} is truncated: it has {size} bytes, expected {self.table.bytes} "
+                f"(was it rewritten while the server runs?)", path=str(self.table.file), actual=size,
+                expected=self.table.bytes)
+
+    def _take(self, local: np.ndarray, out: np.ndarray) -> None:
+        np.take(self._rows, local, axis=0, out=out, mode="clip")  # bounds already checked; "raise" would buffer
+
+    def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
+        n = local.shape[0]
+        if n <= self.inline_rows or self._pool is None:
+            self._stats["tasks"] += 1
+            self._take(local, out)
+            return
+        step = self.rows_per_task or -(-n // self.workers)
+        futures = [self._pool.submit(self._take, local[a:a + step], out[a:a + step]) for a in range(0, n, step)]
+        self._stats["tasks"] += len(futures)
+        concurrent.futures.wait(futures)  # never return while a task still writes into `out`
+        for f in futures:
+            f.result()

@@ -2,18 +2,22 @@
 
 Engine-neutral (torch + numpy); the vLLM embedding class in :mod:`.backends` drives it.
 
-``start(ids)``  D2H: the ids are deduplicated and sorted on their device (``torch.unique``; the
-                inverse index stays there) and only the unique ids are copied to the host. The
-                ids of other tensor-parallel ranks get zero rows. A background thread then
-                gathers this rank's rows from the row source into staging memory (pinned,
-                registered with CUDA), so the gather overlaps the GPU work that follows.
-``finish(out)`` waits for the gather, copies the unique rows to the device (non-blocking H2D on
-                the current stream) and expands them in caller order with ``index_select``
-                into ``out``. Rows of ids this rank does not own are zero, so the engine's
-                all-reduce over the tensor-parallel group assembles full rows.
+``start(ids)``  enqueues a non-blocking D2H copy of the ids into registered host staging and an
+                event, and hands the rest to a background thread; it never waits for the GPU.
+                The thread waits for the event, deduplicates and sorts the ids on the host
+                (``numpy.unique``; the inverse index goes to staging too), refuses ids outside
+                the table, and gathers this rank's unique rows from the row source into staging;
+                rows of other tensor-parallel ranks are zero.
+``finish(out)`` waits for that thread, copies the unique rows and the inverse index to the device
+                (non-blocking H2D on the current stream) and expands them in caller order with
+                ``index_select`` into ``out``. The engine's all-reduce over the tensor-parallel
+                group then assembles full rows.
 
-Timing is split into D2H (unique + copy of ids, host wall time), gather (the row source, wall
-time in the background thread) and H2D (copy + expand; CUDA events on a GPU).
+Staging is reused by the next lookup only after this lookup's H2D has completed (an event the
+background thread waits for), so the host never overwrites rows the GPU is still copying.
+
+Timing is split into D2H (from ``start`` until the ids are on the host), gather (the row source,
+in the background thread) and H2D (copy + expand; CUDA events on a GPU).
 
 Without CUDA (tests on a CPU machine) staging is ordinary memory, "device" tensors are CPU
 tensors and H2D is a host copy; :class:`StreamingGather` logs this once, loudly, because it is
@@ -42,7 +46,7 @@ _scratch: dict[tuple, object] = {}
 
 
 def device_scratch(device, nbytes: int):
-    """One device buffer per device for the unique rows between H2D and expand.
+    """One device buffer per device for the inverse index and unique rows between H2D and expand.
 
     Shared by all layers: each layer's H2D and expand run back to back on the same stream, so
     stream order already serialises them. Allocated eagerly (the profile run precedes CUDA-graph
@@ -104,7 +108,7 @@ class StreamingGather:
         self.stats_interval = int(stats_interval)
         self.cuda = self.device.type == "cuda"
         self.stats = GatherStats()
-        staging = self.max_ids * (self.row_bytes + 8)
+        staging = self.max_ids * (self.row_bytes + 16)
         if self.cuda:
             raw = allocate_registered(staging, label=f"{label} staging", cuda=cuda_host)
             kind = "registered host staging"
@@ -113,24 +117,27 @@ class StreamingGather:
             kind = "host staging (NOT pinned)"
             log.warning("PLE %s: CUDA is not in use (device %s): staging is ordinary memory and the H2D step is a "
                         "host copy. This is the CPU test mode, not a way to serve.", label, self.device)
-        # ids first: an int64 view needs an 8-byte aligned offset, which rows of any width keep after them.
-        self._stage_ids = raw[: self.max_ids * 8].view(torch.int64)
-        self._stage_rows = raw[self.max_ids * 8:].view(self.max_ids, self.row_bytes)
+        # int64 areas first: their views need 8-byte aligned offsets, which rows of any width keep after them.
+        m = self.max_ids
+        self._stage_ids = raw[: m * 8].view(torch.int64)  # D2H target: the lookup's ids, caller order
+        self._stage_inverse = raw[m * 8: m * 16].view(torch.int64)  # H2D source: position -> unique row
+        self._stage_rows = raw[m * 16:].view(m, self.row_bytes)  # H2D source: the unique rows
         self._np_rows = self._stage_rows.numpy()
         self._np_ids = self._stage_ids.numpy()
+        self._np_inverse = self._stage_inverse.numpy()
         snap = account(staging_bytes=staging)
         integrated = self.cuda and torch.cuda.get_device_properties(self.device).is_integrated
         log.info("%s; row source %s, working set %s", startup_line(
             label, staging, f"{kind} ({self.max_ids} ids x {self.row_bytes} B)", snap, integrated),
             getattr(source, "kind", type(source).__name__), fmt_bytes(getattr(source, "working_set_bytes", 0)))
         self._driver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ple-gather-{label}")
-        self._pending = None  # (future, unique count, inverse) between start() and finish()
+        self._pending = None  # (future, id count) between start() and finish()
         self._staging_free = None  # CUDA event: the last H2D out of staging has completed
 
     # ------------------------------------------------------------------ lookup
 
     def start(self, ids) -> None:
-        """Begin a lookup of the flat int64 ``ids`` (on ``device``)."""
+        """Begin a lookup of the flat int64 ``ids`` (on ``device``); returns without waiting for the GPU."""
         import torch
 
         if self._pending is not None:
@@ -139,36 +146,45 @@ class StreamingGather:
         if n > self.max_ids:
             raise ValueError(f"PLE {self.label}: a lookup of {n} ids exceeds the staging capacity of {self.max_ids}")
         t0 = time.perf_counter()
-        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        u = unique.numel()
-        if self._staging_free is not None:
-            self._staging_free.synchronize()  # the previous H2D still reads the staging rows
-        self._stage_ids[:u].copy_(unique)  # blocking D2H: the host needs the ids now
+        ids_ready = None
+        if n:
+            # Stream order puts this copy after the previous lookup's H2D, which reads other areas.
+            self._stage_ids[:n].copy_(ids.reshape(-1), non_blocking=self.cuda)
+            if self.cuda:
+                ids_ready = torch.cuda.Event()
+                ids_ready.record()
+        self.stats.lookups += 1
+        self.stats.ids += n
+        future = self._driver.submit(self._gather, n, t0, ids_ready, self._staging_free)
+        self._pending = (future, n)
+
+    def _gather(self, n: int, t0: float, ids_ready, staging_free) -> int:
+        """Background thread: ids -> unique rows + inverse index in staging; returns the unique count."""
+        if ids_ready is not None:
+            ids_ready.synchronize()
         t1 = time.perf_counter()
-        host_ids = self._np_ids[:u]
-        if u and (host_ids[0] < 0 or host_ids[-1] >= self.source.total_rows):
-            bad = int(host_ids[0] if host_ids[0] < 0 else host_ids[-1])
+        self.stats.d2h_s += t1 - t0
+        host_ids = self._np_ids[:n]
+        if n and (int(host_ids.min()) < 0 or int(host_ids.max()) >= self.source.total_rows):
+            bad = int(host_ids[(host_ids < 0) | (host_ids >= self.source.total_rows)][0])
             raise SidecarRowOutOfRange(
                 f"PLE {self.label}: row id {bad} is outside the table, expected 0 <= id < {self.source.total_rows}",
                 actual=bad, expected=(0, self.source.total_rows))
-        lo, hi = np.searchsorted(host_ids, [self.source.vocab_start, self.source.vocab_end])
-        lo, hi = int(lo), int(hi)
-        self.stats.d2h_s += t1 - t0
-        self.stats.lookups += 1
-        self.stats.ids += n
-        self.stats.unique += u
-        self.stats.owned += hi - lo
-        future = self._driver.submit(self._gather, host_ids, lo, hi, u)
-        self._pending = (future, u, inverse)
-
-    def _gather(self, host_ids: np.ndarray, lo: int, hi: int, u: int) -> float:
-        t0 = time.perf_counter()
+        unique, inverse = np.unique(host_ids, return_inverse=True)
+        u = unique.size
+        lo, hi = (int(x) for x in np.searchsorted(unique, [self.source.vocab_start, self.source.vocab_end]))
+        if staging_free is not None:
+            staging_free.synchronize()  # the previous lookup's H2D may still read the rows and inverse
         rows = self._np_rows
         rows[:lo] = 0  # other ranks own these rows; the all-reduce adds their bytes
         rows[hi:u] = 0
         if hi > lo:
-            self.source.read(host_ids[lo:hi], rows[lo:hi])
-        return time.perf_counter() - t0
+            self.source.read(unique[lo:hi], rows[lo:hi])
+        self._np_inverse[:n] = inverse.reshape(-1)
+        self.stats.unique += u
+        self.stats.owned += hi - lo
+        self.stats.gather_s += time.perf_counter() - t1
+        return u
 
     def finish(self, out) -> None:
         """Deliver the rows of the pending lookup into ``out`` (uint8 ``[n, row_bytes]`` on ``device``)."""
@@ -176,18 +192,22 @@ class StreamingGather:
 
         if self._pending is None:
             raise RuntimeError(f"PLE {self.label}: finish() without a pending start()")
-        future, u, inverse = self._pending
+        future, n = self._pending
         self._pending = None
-        self.stats.gather_s += future.result()  # re-raises a failed read: the lookup fails closed
-        if tuple(out.shape) != (inverse.numel(), self.row_bytes) or out.dtype != torch.uint8:
-            raise ValueError(f"PLE {self.label}: output must be uint8 [{inverse.numel()}, {self.row_bytes}], "
+        u = future.result()  # re-raises a refused id or a failed read: the lookup fails closed
+        if tuple(out.shape) != (n, self.row_bytes) or out.dtype != torch.uint8:
+            raise ValueError(f"PLE {self.label}: output must be uint8 [{n}, {self.row_bytes}], "
                              f"got {out.dtype} {tuple(out.shape)}")
-        scratch = device_scratch(self.device, self.max_ids * self.row_bytes)
-        rows = scratch[: u * self.row_bytes].view(u, self.row_bytes)
+        if n == 0:
+            return
+        scratch = device_scratch(self.device, self.max_ids * (self.row_bytes + 8))
+        inverse = scratch[: n * 8].view(torch.int64)
+        rows = scratch[self.max_ids * 8: self.max_ids * 8 + u * self.row_bytes].view(u, self.row_bytes)
         if self.cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
             rows.copy_(self._stage_rows[:u], non_blocking=True)
+            inverse.copy_(self._stage_inverse[:n], non_blocking=True)
             torch.index_select(rows, 0, inverse, out=out)
             end.record()
             self._staging_free = end
@@ -196,6 +216,7 @@ class StreamingGather:
         else:
             t0 = time.perf_counter()
             rows.copy_(self._stage_rows[:u])
+            inverse.copy_(self._stage_inverse[:n])
             torch.index_select(rows, 0, inverse, out=out)
             self.stats.h2d_s += time.perf_counter() - t0
         if self.stats_interval and self.stats.lookups % self.stats_interval == 0:

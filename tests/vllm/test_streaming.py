@@ -100,8 +100,11 @@ def test_empty_lookup(kind, sidecar):
 def test_ids_outside_the_table_are_refused(kind, sidecar, bad):
     table, data = sidecar
     g = make(kind, table, 0, 2500)
+    g.start(torch.tensor([3, bad]))  # the ids reach the host in the background: refused at finish()
+    out = torch.full((2, table.row_bytes), 0xAB, dtype=torch.uint8)
     with pytest.raises(SidecarRowOutOfRange, match=f"row id {bad} is outside the table"):
-        g.start(torch.tensor([3, bad]))
+        g.finish(out)
+    assert (out == 0xAB).all()  # nothing delivered
     ids = np.array([3, 4])
     assert np.array_equal(lookup(g, ids), data[ids])  # still usable: nothing was read
     g.close()
@@ -158,7 +161,7 @@ def test_mmap_refuses_unsorted_or_foreign_ids(sidecar):
 def test_mmap_missing_file_is_an_io_error(sidecar):
     table, _ = sidecar
     os.unlink(table.file)
-    with pytest.raises(SidecarIOError, match="cannot map PLE table"):
+    with pytest.raises(SidecarIOError, match="cannot open PLE table"):
         MmapRows(table, vocab_start=0, vocab_end=ROWS, total_rows=ROWS, workers=2, rows_per_task=4)
 
 
@@ -169,4 +172,45 @@ def test_stats_line_splits_the_timing(sidecar):
     line = g.stats.line()
     assert "D2H" in line and "gather" in line and "H2D" in line and "us/row" in line
     assert g.stats.d2h_s > 0 and g.stats.gather_s > 0 and g.stats.h2d_s > 0
+    g.close()
+
+
+class _HeldSource:
+    """A row source whose reads wait until the test releases them."""
+
+    kind = "held"
+
+    def __init__(self, data):
+        import threading
+
+        self.data, self.vocab_start, self.vocab_end, self.total_rows = data, 0, data.shape[0], data.shape[0]
+        self.release, self.reading = threading.Event(), threading.Event()
+
+    def read(self, ids, out):
+        self.reading.set()
+        assert self.release.wait(30)
+        out[:] = self.data[ids]
+
+    def close(self):
+        pass
+
+
+def test_start_returns_before_the_gather_and_dedupes_on_the_host(sidecar, monkeypatch):
+    """start() only enqueues the ids copy: no device-side unique (it synchronises a GPU), no waiting for rows."""
+    table, data = sidecar
+    src = _HeldSource(data)
+    g = StreamingGather(src, row_bytes=table.row_bytes, max_ids=64, device="cpu", label="held")
+
+    def no_device_unique(*a, **k):
+        raise AssertionError("torch.unique in start(): a device-side unique blocks the host on the GPU")
+
+    monkeypatch.setattr(torch, "unique", no_device_unique)
+    ids = np.array([7, 3, 7, 4999, 3], dtype=np.int64)
+    g.start(torch.from_numpy(ids))
+    assert src.reading.wait(30)  # the background thread is inside the read; start() has long returned
+    out = torch.empty((ids.size, table.row_bytes), dtype=torch.uint8)
+    src.release.set()
+    g.finish(out)
+    assert np.array_equal(out.numpy(), data[ids])
+    assert g.stats.unique == 3
     g.close()

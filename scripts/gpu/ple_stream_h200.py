@@ -6,15 +6,22 @@ Self-contained for a machine with torch + triton and NO sglang: sglang's
 ``ast`` (its only dependencies are ``triton`` and ``tl``); our code comes from this repository.
 
 Checks (each recorded in the JSON; the script exits 1 if any fails):
-- streamed gather (``SidecarGather``, modes ``uva`` and ``h2d``; fp8 and bf16 tables; a TP
-  range so some rows are another rank's) == sglang's kernel over the whole table in pinned RAM,
+- the same under a graph captured the way sglang captures a decode step: ids computed inside the
+  graph, the read a host node (``SidecarGather.capture``), replayed with new inputs and no host
+  call in between; and how long such a replay takes when the main thread runs Python meanwhile
+  (the host node needs the GIL);
+- streamed gather (``SidecarGather`` over both readers, ``--io mmap,pread``; modes ``uva`` and
+  ``h2d``; fp8 and bf16 tables; a TP range so some rows are another rank's) == sglang's kernel
+  over the whole table in pinned RAM,
   bit for bit, eager and under CUDA-graph replay (the graph waits on an external event; the
   read + conversion is launched before each replay, outside capture).
 
 Measures, next to sglang's pinned-UVA gather on the same protocol (side stream started before a
 simulated decoder layer on the main stream, consumer waits after it):
 - exposed time = (layer + gather overlapped) − (layer alone), for a 2,048-token prefill chunk
-  (32,768 rows) and decode batches (16…256 rows), page cache warm and cold (POSIX_FADV_DONTNEED).
+  (32,768 rows) and decode batches (16…256 rows), page cache warm and cold (POSIX_FADV_DONTNEED),
+  per reader. The fraction of the table resident in the page cache (``mincore``) is recorded
+  before each warm and cold measurement, so a "warm" run that was not warm shows.
 
 Usage::
 
@@ -43,7 +50,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_ssd_stream.ple.staging import SidecarGather  # noqa: E402
 from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
-from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
+from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
 
 KERNEL = "_gather_ple_embedding_from_pinned_kernel"
 COLS = 160
@@ -79,12 +86,35 @@ def make_table(path: Path, rows: int, row_bytes: int) -> None:
             left -= n
 
 
-def drop_cache(path: Path) -> None:
+def drop_cache(path: Path, gathers=()) -> None:
+    import mmap
+
+    for g in gathers:
+        m = getattr(g.reader, "_map", None)
+        if m is not None:
+            m.madvise(mmap.MADV_DONTNEED)  # a mapped reader's pages first, or fadvise cannot drop them
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def resident_fraction(path: Path) -> float:
+    """Fraction of the file's pages in the page cache (``mincore`` over a read-only mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = np.zeros(pages, dtype=np.uint8)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+        view = np.frombuffer(m, dtype=np.uint8)
+        rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
+                          ctypes.c_void_p(vec.ctypes.data))
+        del view
+    return float((vec & 1).mean()) if rc == 0 else float("nan")
 
 
 def pinned_table(path: Path, rows: int, row_bytes: int, dtype) -> torch.Tensor:
@@ -152,11 +182,11 @@ def check_bitexact(kernel, tables, args, results) -> bool:
     for dtype, (path, rows, row_bytes, pinned) in tables.items():
         lo, hi = rows // 4, rows - rows // 8  # this "rank" owns the middle; the rest must come back zero
         base = Sglang(kernel, pinned, lo, hi)
-        for mode in ("uva", "h2d"):
-            reader = SidecarReader(_table(path, rows, dtype), vocab_start=lo, vocab_end=hi, max_rows=32768,
-                                   workers=args.workers)
+        for io, mode in [(io, mode) for io in args.io for mode in ("uva", "h2d")]:
+            reader = open_reader(_table(path, rows, dtype), io, vocab_start=lo, vocab_end=hi, max_rows=32768,
+                                 workers=args.workers)
             g = SidecarGather(reader, columns=COLS, is_fp8=dtype == "float8_e4m3fn", capacity_rows=32768,
-                              device="cuda", mode=mode)
+                              device="cuda", mode=mode, graph_rows=32768)
             rng = np.random.default_rng(7)
             for n in (1, 256, 32768):
                 ids = torch.from_numpy(rng.integers(0, rows, n)).cuda()
@@ -172,9 +202,10 @@ def check_bitexact(kernel, tables, args, results) -> bool:
                 torch.cuda.current_stream().wait_stream(side)
                 eager = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                 graph = _graph_check(g, base, ids, n)
-                results.append({"dtype": dtype, "mode": mode, "rows": n, "eager_bitexact": eager,
-                                "graph_bitexact": graph})
-                ok &= eager and graph
+                captured = _captured_read_check(g, base, rows, lo, hi, n)
+                results.append({"dtype": dtype, "io": io, "mode": mode, "rows": n, "eager_bitexact": eager,
+                                "graph_bitexact": graph, "captured_read_bitexact": captured})
+                ok &= eager and graph and captured
             g.close()
     return ok
 
@@ -212,6 +243,74 @@ def _graph_check(g: SidecarGather, base: Sglang, ids: torch.Tensor, n: int) -> b
     return ok
 
 
+def _captured_graph(g: SidecarGather, rows: int, n: int):
+    """A graph as sglang captures a decode step: ids computed on the GPU inside the graph, the PLE
+    gather on a side stream (``SidecarGather.capture``: D2H, host-node read, conversion), a consumer."""
+    inp = torch.zeros(n, dtype=torch.int64, device="cuda")
+    buf = torch.zeros((n, COLS), dtype=torch.bfloat16, device="cuda")
+    consumed = torch.zeros_like(buf)
+    s, side = torch.cuda.Stream(), torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph, stream=s):
+            ids = (inp * 7 + 3) % rows  # the model's hashing stands here
+            side.wait_stream(s)
+            g.capture(ids, buf, side)
+            s.wait_stream(side)
+            consumed.copy_(buf)
+    torch.cuda.current_stream().wait_stream(s)
+    return graph, inp, consumed
+
+
+def _captured_read_check(g: SidecarGather, base: Sglang, rows: int, lo: int, hi: int, n: int) -> bool:
+    """Replays with new inputs and no host call in between equal sglang's kernel on the same ids."""
+    graph, inp, consumed = _captured_graph(g, rows, n)
+    rng = np.random.default_rng(n)
+    ok = True
+    ref = torch.empty((n, COLS), dtype=torch.bfloat16, device="cuda")
+    for rep in range(4):
+        raw = rng.integers(0, rows, n)
+        if __import__("math").gcd(7, rows) == 1:  # inputs whose ids are this rank's first and last rows
+            inv = pow(7, -1, rows)
+            raw[: min(n, 2)] = [(lo - 3) * inv % rows, (hi - 4) * inv % rows][: min(n, 2)]
+        inp.copy_(torch.from_numpy(raw))
+        graph.replay()
+        base((inp * 7 + 3) % rows, ref)
+        # waits that must release the GIL, or the host node could never run
+        total = consumed.float().nan_to_num().sum().item()
+        _ = consumed[:1].cpu().tolist()
+        torch.cuda.synchronize()
+        ok &= torch.equal(consumed.view(torch.int16), ref.view(torch.int16)) and total == total
+    return ok
+
+
+def captured_latency(g: SidecarGather, rows: int, n: int, reps: int, busy_ms: float) -> dict:
+    """GPU time of a captured gather replay when the main thread waits (GIL released) vs when it
+    runs Python for ``busy_ms`` right after the replay (the host node then waits for the GIL)."""
+    graph, inp, _ = _captured_graph(g, rows, n)
+    inp.copy_(torch.from_numpy(np.random.default_rng(3).integers(0, rows, n)))
+    res = {}
+    for how in ("idle", "python_busy"):
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            graph.replay()
+            b.record()
+            if how == "python_busy":
+                end = time.perf_counter() + busy_ms / 1e3
+                x = 0
+                while time.perf_counter() < end:
+                    x += 1
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        res[f"{how}_ms"] = statistics.median(times)
+    res.update(rows=n, busy_ms=busy_ms, switch_interval_ms=sys.getswitchinterval() * 1e3)
+    return res
+
+
 def _table(path: Path, rows: int, dtype: str) -> SidecarTable:
     isz = 1 if dtype == "float8_e4m3fn" else 2
     return SidecarTable(0, path.name, path, "0" * 64, dtype, rows, COLS, 0, rows * COLS * isz)
@@ -225,21 +324,22 @@ def overlap(kernel, path, rows, pinned, args) -> list[dict]:
     cases = [("prefill_2048_tokens", 32768, args.prefill_layer_ms)] + [
         (f"decode_{n // 16}_tokens", n, args.decode_layer_ms) for n in (16, 64, 256)]
     gathers = {}
-    for mode in ("uva", "h2d"):
-        reader = SidecarReader(_table(path, rows, "float8_e4m3fn"), max_rows=32768, workers=args.workers)
-        gathers[mode] = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=32768, device="cuda", mode=mode)
+    for io, mode in [(io, mode) for io in args.io for mode in ("uva", "h2d")]:
+        reader = open_reader(_table(path, rows, "float8_e4m3fn"), io, max_rows=32768, workers=args.workers)
+        gathers[f"sidecar_{io}_{mode}"] = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=32768,
+                                                       device="cuda", mode=mode)
     rng = np.random.default_rng(11)
     for name, n, layer_ms in cases:
         layer, actual_layer_ms = simulated_layer(layer_ms)
         out = torch.empty((n, COLS), dtype=torch.bfloat16, device="cuda")
         ids = torch.from_numpy(rng.integers(0, rows, n)).cuda()
         layer_alone = statistics.median(time_ms(layer, args.reps))
-        variants = {"sglang_pinned_uva": None, "sidecar_uva": gathers["uva"], "sidecar_h2d": gathers["h2d"]}
+        variants = {"sglang_pinned_uva": None, **gathers}
         for cache in ("warm", "cold"):
             for vname, g in variants.items():
                 if g is None and cache == "cold":
                     continue  # the pinned table has no page cache
-                before = (lambda: drop_cache(path)) if cache == "cold" else None
+                before = (lambda: drop_cache(path, gathers.values())) if cache == "cold" else None
 
                 def gather_only(g=g):
                     if g is None:
@@ -261,10 +361,16 @@ def overlap(kernel, path, rows, pinned, args) -> list[dict]:
                     main.wait_stream(side)
                     out.sum()  # the consumer
 
+                if cache == "warm" and g is not None:
+                    gather_only()  # these ids' pages are now in the page cache
+                if before:
+                    before()
+                resident = None if g is None else resident_fraction(path)
                 alone = statistics.median(time_ms(gather_only, args.reps, before))
                 both = statistics.median(time_ms(overlapped, args.reps, before))
                 exposed = max(0.0, both - layer_alone)
                 out_rows.append({"case": name, "rows": n, "cache": cache, "variant": vname,
+                                 "table_resident_fraction_before": resident,
                                  "layer_ms": layer_alone, "simulated_layer_target_ms": layer_ms,
                                  "gather_alone_ms": alone, "overlapped_ms": both, "exposed_ms": exposed,
                                  "exposed_fraction_of_gather": exposed / alone if alone else 0.0,
@@ -282,6 +388,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/var/tmp/ple-gpu", help="where the test tables are written")
     ap.add_argument("--table-gib", type=float, default=8.0, help="fp8 table size for the timing runs")
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--io", default="mmap,pread", type=lambda v: v.split(","), help="readers to run (comma list)")
     ap.add_argument("--prefill-layer-ms", type=float, default=2.0, help="simulated decoder layer, 2,048-token chunk")
     ap.add_argument("--decode-layer-ms", type=float, default=0.25, help="simulated decoder layer, decode step")
     ap.add_argument("--reps", type=int, default=9)
@@ -304,13 +411,24 @@ def main(argv=None) -> int:
     correctness: list[dict] = []
     ok = check_bitexact(kernel, tables, args, correctness)
     timings = [] if args.skip_timing else overlap(kernel, fp8, rows8, tables["float8_e4m3fn"][3], args)
+    latency = []
+    if not args.skip_timing:
+        for io in args.io:
+            reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), io, max_rows=4096, workers=args.workers)
+            g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
+            for n in (16, 256, 4096):
+                row = {"io": io, **captured_latency(g, rows8, n, args.reps, busy_ms=20.0)}
+                latency.append(row)
+                print(f"captured read {io} {n:5d} rows: idle {row['idle_ms']:.3f} ms, "
+                      f"python-busy main thread {row['python_busy_ms']:.3f} ms", flush=True)
+            g.close()
     result = {
         "command": shlex.join(["python", *sys.argv]),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "cpus": os.cpu_count(),
         "table": {"fp8_rows": rows8, "bf16_rows": rows16, "row_bytes_fp8": COLS},
         "sglang_kernel_sha_of_source": __import__("hashlib").sha256(kernel_src.encode()).hexdigest(),
-        "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "seconds": time.time() - t0,
+        "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "captured_read_latency": latency, "seconds": time.time() - t0,
         "targets": {"prefill_exposed_fraction_of_gather": "<= 0.10", "decode_exposed_ms": "0 (fully hidden)"},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,9 @@ Checks (JSON ``checks``; exit 1 if any fails):
   as a ``pin_memory=True`` one; and what each allocation really reserves (PyTorch's host
   allocator statistics), i.e. whether this torch rounds pinned blocks to a power of two.
 
+Also checks that ``start()`` does not wait for the GPU: with ~50 ms of GPU work queued ahead of
+the ids, ``start()`` must return in a small fraction of it (JSON ``start_nonblocking``).
+
 Measures (JSON ``timing``; ratios ours / vLLM from the same run): lookups of decode-size
 (1…256 tokens) and prefill-size (2,048 and 8,192 tokens) batches, 16 rows per token, page cache
 warm and cold (dropped before each repetition), as (a) the lookup alone and (b) the time exposed
@@ -144,7 +147,7 @@ def host_reserved() -> int | None:
 
 def drop_cache(table_path: Path, gathers) -> None:
     for g in gathers:
-        m = getattr(g.source, "_map", None)
+        m = getattr(getattr(g.source, "reader", None), "_map", None)  # MmapRows -> MappedReader
         if m is not None:
             import mmap
             m.madvise(mmap.MADV_DONTNEED)  # mapped pages first, or fadvise cannot drop them
@@ -286,6 +289,41 @@ def median_ms(fn, reps: int, before=None) -> float:
     return statistics.median(out)
 
 
+def check_start_nonblocking(manifest, args) -> list[dict]:
+    """Host time of ``start()`` while the ids are still behind ~50 ms of queued GPU work."""
+    table = load_manifest(manifest).table(3)
+    rows, out_rows = table.rows, []
+    busy_cycles = int(torch.cuda.get_device_properties(0).clock_rate) * 50  # kHz x 50 ms
+    for kind in sorted(SOURCES):
+        g = StreamingGather(SOURCES[kind](table, vocab_start=0, vocab_end=rows, total_rows=rows, workers=args.workers,
+                                          rows_per_task=args.rows_per_task),
+                            row_bytes=ROW_BYTES, max_ids=2048 * HEADS, device="cuda", label=f"nb-{kind}")
+        ids = torch.from_numpy(np.random.default_rng(5).integers(0, rows, 2048 * HEADS)).cuda()
+        out = torch.empty((ids.numel(), ROW_BYTES), dtype=torch.uint8, device="cuda")
+        for _ in range(2):  # warm-up: events, threads, scratch
+            g.start(ids)
+            g.finish(out)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.cuda._sleep(busy_cycles)
+        ids.add_(0)  # the ids now come out of the queue only after the busy work
+        t = time.perf_counter()
+        g.start(ids)
+        start_ms = (time.perf_counter() - t) * 1e3
+        e.record()
+        g.finish(out)
+        torch.cuda.synchronize()
+        busy_ms = s.elapsed_time(e)
+        ok = bool(torch.equal(out.cpu(), torch.from_numpy(np.fromfile(table.file, np.uint8).reshape(rows, ROW_BYTES)
+                                                          [ids.cpu().numpy()])))
+        out_rows.append({"source": kind, "gpu_busy_ms": busy_ms, "start_host_ms": start_ms,
+                         "start_fraction_of_busy": start_ms / busy_ms, "rows_ok": ok})
+        print(f"start() {kind}: {start_ms:.3f} ms on the host while the GPU was busy {busy_ms:.1f} ms", flush=True)
+        g.close()
+    return out_rows
+
+
 def timing(kernel, manifest, args) -> list[dict]:
     table = load_manifest(manifest).table(3)
     rows = table.rows
@@ -393,6 +431,9 @@ def main(argv=None) -> int:
     checks["bitexact_eager"] = all(r["eager_bitexact"] for r in report["bitexact"])
     checks["bitexact_graph"] = all(r["graph_bitexact"] in (True, None) for r in report["bitexact"])
     if device.type == "cuda":
+        report["start_nonblocking"] = check_start_nonblocking(manifests["float8_e4m3fn"], args)
+        checks["start_does_not_wait_for_gpu"] = all(r["start_fraction_of_busy"] < 0.1 and r["rows_ok"]
+                                                    for r in report["start_nonblocking"])
         if not args.quick:
             big = write_table(d / "timing", int(args.table_gib * (1 << 30)) // ROW_BYTES, 3, "float8_e4m3fn", 9)
             report["timing"] = timing(kernel, big, args)

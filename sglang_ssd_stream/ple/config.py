@@ -27,6 +27,7 @@ IO_ENV = "SGLANG_SSD_STREAM_IO"  # mmap (default) | pread
 MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_WORKERS = 16
+DEFAULT_GRAPH_TOKENS = 512  # graph slot when the server args do not say (sglang's largest default bs)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,22 @@ def max_tokens() -> int:
     except ValueError:
         chunk = None
     return int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_TOKENS
+
+
+def graph_tokens() -> int:
+    """Tokens of the largest captured decode batch (``cuda_graph_max_bs``; 0 with graphs off)."""
+    from sglang.srt.runtime_context import get_context
+
+    try:
+        args = get_context().server_args
+    except ValueError:
+        return DEFAULT_GRAPH_TOKENS
+    if getattr(args, "disable_cuda_graph", False):
+        return 0
+    bs = getattr(args, "cuda_graph_max_bs", None)
+    # speculative decoding captures draft tokens per request too
+    per = max(1, int(getattr(args, "speculative_num_draft_tokens", None) or 1))
+    return int(bs) * per if bs else DEFAULT_GRAPH_TOKENS
 
 
 def io_mode() -> str:

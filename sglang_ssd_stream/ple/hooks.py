@@ -156,7 +156,7 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
         reader = open_reader(table, io, vocab_start=lo, vocab_end=hi, max_rows=rows, workers=workers)
         emb._ssd_stream = SidecarGather(reader, columns=emb.embedding_dim,
                                         is_fp8=emb.weight.dtype == torch.float8_e4m3fn, capacity_rows=rows,
-                                        device=device, mode=mode)
+                                        device=device, mode=mode, graph_rows=rows_for_tokens(config.graph_tokens()))
         emb._ssd_stream_layer = layer
         bound[layer] = emb
         log.info("PLE layer %d: sidecar %s rows [%d, %d), %s reads x %d, %s, working set %.1f MiB", layer, table.file,
@@ -230,10 +230,6 @@ def around_gather(original, self, input_ids, out=None):
         return original(self, input_ids, out)
     import torch
 
-    if _capturing():
-        raise SidecarHookError(
-            "PLE sidecar rows cannot be read inside CUDA graph capture yet; start sglang with "
-            "--disable-cuda-graph (graph replay support is not wired into sglang's graph runner)")
     shape = (*input_ids.shape, self.embedding_dim)
     if out is None:
         output = self.allocate_output(shape, input_ids.device)
@@ -242,6 +238,9 @@ def around_gather(original, self, input_ids, out=None):
             raise ValueError(f"invalid PLE prefetch output {out.dtype} {tuple(out.shape)} on {out.device}, "
                              f"expected bfloat16 {shape} on {input_ids.device}")
         output = out
+    if _capturing():  # sglang captures decode steps: the read becomes a host node of the graph
+        state.capture(input_ids.reshape(-1).long(), output.view(-1, self.embedding_dim), torch.cuda.current_stream())
+        return output
     state.begin(input_ids.reshape(-1).long(), output.view(-1, self.embedding_dim),
                 torch.cuda.current_stream() if state.cuda else None)
     if out is None:  # forward(): sglang reduces right after, so the rows must be enqueued now

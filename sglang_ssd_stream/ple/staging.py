@@ -15,10 +15,14 @@ The slot is reused only after the previous conversion finished on the GPU (an ev
 working set is fixed: ``capacity_rows × (row_bytes + 8)`` pinned bytes (+ the same on the
 device for ``h2d``) plus the reader's buffer. Addresses never change (CUDA-graph safe).
 
-CUDA graphs: a captured graph cannot wait on host I/O, so the graph is captured to wait on an
-external event (``capture_wait``) and consume a fixed output buffer; before each replay, outside
-capture, ``launch_for_replay`` reads the rows, launches the conversion into that buffer on the
-side stream and records the event.
+CUDA graphs (sglang captures its decode steps, the PLE gather included): inside capture,
+``capture(ids, out, stream)`` records the same pipeline as graph nodes on ``stream``: a D2H copy of
+the ids into pinned memory, a *host node* (``cuLaunchHostFunc``) that reads the rows into a
+separate pinned graph slot when a replay reaches it, and the conversion kernel. The ids are
+computed inside the graph, so nothing has to run before a replay. A read that fails inside a
+replay cannot raise into the graph: the host node prints the error and ends the process (the
+rows of that step would be wrong). ``capture_wait``/``launch_for_replay`` remain for graphs whose
+ids are known on the host before replay.
 
 On a CPU-only machine (tests) ``begin`` runs synchronously, with the same staging and kernel
 (``TRITON_INTERPRET=1``).
@@ -44,7 +48,7 @@ class StagingCapacityError(ValueError):
 
 class SidecarGather:
     def __init__(self, reader: SidecarReader, *, columns: int, is_fp8: bool, capacity_rows: int,
-                 device: torch.device | str, mode: str = "uva"):
+                 device: torch.device | str, mode: str = "uva", graph_rows: int = 0):
         if mode not in MODES:
             raise ValueError(f"PLE gather mode {mode!r}: expected one of {MODES}")
         if reader.row_bytes != columns * (1 if is_fp8 else 2):
@@ -60,6 +64,14 @@ class SidecarGather:
         self._rows_np = self.rows_host.numpy()
         self.rows_device = (torch.empty((self.capacity_rows, reader.row_bytes), dtype=torch.uint8, device=self.device)
                             if self.cuda and mode == "h2d" else None)
+        # A separate slot for captured graphs: a replay's host node writes it in stream order, with
+        # no event the eager path could wait for.
+        self.graph_rows = int(graph_rows) if self.cuda else 0
+        self.graph_ids = torch.empty(self.graph_rows, dtype=torch.int64, pin_memory=pin)
+        self.graph_rows_host = torch.zeros((self.graph_rows, reader.row_bytes), dtype=torch.uint8, pin_memory=pin)
+        self.graph_rows_device = (torch.empty((self.graph_rows, reader.row_bytes), dtype=torch.uint8, device=self.device)
+                                  if self.cuda and mode == "h2d" else None)
+        self._host_nodes: list = []  # ctypes callbacks referenced by captured graphs: keep them alive
         self._pending: concurrent.futures.Future | None = None
         self._lock = threading.Lock()
         if self.cuda:
@@ -70,7 +82,7 @@ class SidecarGather:
 
     @property
     def pinned_bytes(self) -> int:
-        return self.ids_host.numel() * 8 + self.rows_host.numel()
+        return (self.ids_host.numel() + self.graph_ids.numel()) * 8 + self.rows_host.numel() + self.graph_rows_host.numel()
 
     @property
     def working_set_bytes(self) -> int:
@@ -128,6 +140,35 @@ class SidecarGather:
             pending.result()
 
     # ------------------------------------------------------------------ CUDA graphs
+
+    def capture(self, ids: torch.Tensor, out: torch.Tensor, stream) -> None:
+        """Inside CUDA-graph capture on ``stream``: D2H of ``ids`` -> host node reading the rows ->
+        conversion into ``out``, all replayed by the graph (see the module docstring)."""
+        from .hostfunc import launch_host_func
+
+        n = ids.numel()
+        if n > self.graph_rows:
+            raise StagingCapacityError(
+                f"a captured PLE lookup needs {n} rows but the graph slot holds {self.graph_rows} "
+                f"(sized from cuda_graph_max_bs × 16)")
+        if tuple(out.shape) != (n, self.columns) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+            raise ValueError(f"PLE output must be contiguous bf16 [{n}, {self.columns}], got {out.dtype} {tuple(out.shape)}")
+        if n == 0:
+            return
+        ids_np, rows_np, reader, layer = self.graph_ids.numpy()[:n], self.graph_rows_host.numpy()[:n], self.reader, \
+            self.reader.table.layer
+
+        def read_rows() -> None:
+            reader.read_rows(ids_np, rows_np)
+
+        with torch.cuda.stream(stream):
+            self.graph_ids[:n].copy_(ids.reshape(-1), non_blocking=True)
+            self._host_nodes.append(launch_host_func(stream, read_rows, what=f"PLE layer {layer} sidecar read"))
+            src = self.graph_rows_host[:n]
+            if self.graph_rows_device is not None:
+                self.graph_rows_device[:n].copy_(src, non_blocking=True)
+                src = self.graph_rows_device[:n]
+            convert_staged_rows(src, out, is_fp8=self.is_fp8)
 
     @staticmethod
     def capture_wait(event: "torch.cuda.Event", stream=None) -> None:

@@ -19,6 +19,7 @@ EXPECTED = {
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]",
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d]",
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-0-SGLANG_SSD_STREAM_READ_WORKERS=0 must be at least 1]",
+    "test_gather_inside_graph_capture_is_captured_not_refused",
     "test_conversion_kernel_matches_sglang_kernel_for_every_byte",
     "test_install_raises_when_a_hook_cannot_land[apply_fails]",
     "test_install_raises_when_a_hook_cannot_land[missing_target]",

@@ -295,6 +295,31 @@ def test_bad_knob_values_stop_the_plugin_at_start(monkeypatch, name, value, mess
         plugin.register()
 
 
+def test_gather_inside_graph_capture_is_captured_not_refused(env, monkeypatch):
+    """During sglang's decode-graph capture the hook records the read into the graph
+    (``SidecarGather.capture``: D2H, host node, conversion; run on the H200) and waits for nothing."""
+    from sglang_ssd_stream.ple import hooks
+    from sglang_ssd_stream.ple.staging import SidecarGather
+
+    monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
+    m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
+    m.load(env.q, env.ck["float8_e4m3fn"].path)
+    emb = m.ngram.ngram_embedding
+    calls = []
+    monkeypatch.setattr(hooks, "_capturing", lambda: True)
+    monkeypatch.setattr(SidecarGather, "capture", lambda self, ids, out, stream: calls.append((ids, out, stream)))
+    monkeypatch.setattr(SidecarGather, "begin", lambda *a, **k: pytest.fail("eager read inside capture"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: "capture-stream")
+    ids = torch.randint(0, ROWS, (3, 16))
+    out = torch.empty((3, 16, emb.embedding_dim), dtype=torch.bfloat16)
+    got = emb.gather(ids, out)
+    assert got is out and len(calls) == 1
+    cids, cout, cstream = calls[0]
+    assert torch.equal(cids, ids.reshape(-1)) and cout.data_ptr() == out.data_ptr()
+    assert tuple(cout.shape) == (48, emb.embedding_dim) and cstream == "capture-stream"
+    assert emb._ssd_stream._pending is None  # nothing left for the consumer to wait on
+
+
 def test_conversion_kernel_matches_sglang_kernel_for_every_byte(env):
     """Our staged-row kernel vs sglang's gather kernel, over all 256 fp8 bytes and random bf16."""
     from sglang_ssd_stream.ple.kernels import convert_staged_rows

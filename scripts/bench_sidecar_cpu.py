@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""CPU benchmark of the PLE sidecar reader, as ratios against baselines from the same run.
+"""CPU benchmark of the PLE sidecar readers, as ratios against baselines from the same run.
+
+Each reader (``--io pread,mmap``: ``SidecarReader`` and ``MappedReader``) is measured on:
 
 1. cold: random rows (page cache dropped with POSIX_FADV_DONTNEED before every call) vs ``fio``
    4 KiB buffered randread on the same file at the same queue depth (one psync job per reader
@@ -33,7 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_ssd_stream.sidecar.format import SidecarTable, filesystem_type  # noqa: E402
-from sglang_ssd_stream.sidecar.reader import SidecarReader, rows_for_tokens  # noqa: E402
+from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
+from sglang_ssd_stream.sidecar.reader import PAGE_SIZE, rows_for_tokens  # noqa: E402
 
 COLS = 160  # fp8 bytes per row, as in Qwen3.8 Flash-Next
 POOLED_ROWS_PER_S = 100_000  # the write-up's PLE row fetch pool: 10 µs/row
@@ -68,7 +71,12 @@ def make_table(path: Path, rows: int) -> None:
         os.fsync(f.fileno())
 
 
-def drop_cache(path: Path) -> None:
+def drop_cache(path: Path, reader=None) -> None:
+    import mmap
+
+    m = getattr(reader, "_map", None)
+    if m is not None:
+        m.madvise(mmap.MADV_DONTNEED)  # the mapped reader's pages first, or fadvise cannot drop them
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -91,31 +99,36 @@ def table_of(path: Path, rows: int) -> SidecarTable:
     return SidecarTable(0, path.name, path, "0" * 64, "float8_e4m3fn", rows, COLS, 0, rows * COLS)
 
 
-def bench_cold(path: Path, rows: int, qd: int, per_call: int, calls: int, seed: int) -> dict:
+def pages_touched(ids: np.ndarray) -> int:
+    """Distinct 4 KiB pages the rows ``ids`` occupy (what either reader must bring in cold)."""
+    start = ids.astype(np.int64) * COLS
+    return int(np.unique(np.concatenate([start // PAGE_SIZE, (start + COLS - 1) // PAGE_SIZE])).size)
+
+
+def bench_cold(io: str, path: Path, rows: int, qd: int, per_call: int, calls: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    with SidecarReader(table_of(path, rows), max_rows=per_call, workers=qd) as reader:
+    with open_reader(table_of(path, rows), io, max_rows=per_call, workers=qd) as reader:
         out = np.empty((per_call, COLS), np.uint8)
         secs, pages = 0.0, 0
         for _ in range(calls):
             ids = rng.integers(0, rows, per_call)
-            drop_cache(path)
-            before = reader.stats["pages"]
+            drop_cache(path, reader)
             t = time.perf_counter()
             reader.read_rows(ids, out)
             secs += time.perf_counter() - t
-            pages += reader.stats["pages"] - before
+            pages += pages_touched(ids)
     return {"rows": per_call * calls, "pages": pages, "seconds": secs, "rows_per_s": per_call * calls / secs,
             "pages_per_s": pages / secs}
 
 
-def bench_warm(path: Path, rows: int, qd: int, per_call: int, calls: int, warm_rows: int, seed: int) -> dict:
+def bench_warm(io: str, path: Path, rows: int, qd: int, per_call: int, calls: int, warm_rows: int, seed: int) -> dict:
     warm_rows = min(rows, warm_rows)
     with open(path, "rb") as f:  # bring the region into the page cache
         left = warm_rows * COLS
         while left > 0:
             left -= len(f.read(min(left, 64 << 20)) or b"x" * left)
     rng = np.random.default_rng(seed)
-    with SidecarReader(table_of(path, rows), max_rows=per_call, workers=qd) as reader:
+    with open_reader(table_of(path, rows), io, max_rows=per_call, workers=qd) as reader:
         out = np.empty((per_call, COLS), np.uint8)
         reader.read_rows(rng.integers(0, warm_rows, per_call), out)  # warm-up
         t = time.perf_counter()
@@ -126,19 +139,21 @@ def bench_warm(path: Path, rows: int, qd: int, per_call: int, calls: int, warm_r
             "region_bytes": warm_rows * COLS}
 
 
-def bench_memory(path: Path, rows: int, qd: int, tokens: int) -> dict:
+def bench_memory(io: str, path: Path, rows: int, qd: int, tokens: int) -> dict:
     n = rows_for_tokens(tokens)
     ids = np.random.default_rng(1).integers(0, rows, n)
     out = np.empty((n, COLS), np.uint8)  # the caller's (pinned) staging, not the reader's
     out.fill(0)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with SidecarReader(table_of(path, rows), max_rows=n, workers=qd) as reader:
+    with open_reader(table_of(path, rows), io, max_rows=n, workers=qd) as reader:
         reader.read_rows(ids, out)
         reader.read_rows(ids, out)
-        ws, buf = reader.working_set_bytes, reader.buffer_bytes
+        ws = reader.working_set_bytes
     grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
-    return {"tokens": tokens, "rows": n, "working_set_bytes": ws, "page_buffer_bytes": buf,
-            "max_rss_growth_bytes": grew, "staging_bytes_outside_reader": out.nbytes}
+    return {"tokens": tokens, "rows": n, "working_set_bytes": ws, "max_rss_growth_bytes": grew,
+            "staging_bytes_outside_reader": out.nbytes,
+            "note": "mmap: mapped page-cache pages count in RSS but are reclaimable, not the reader's memory"
+            if io == "mmap" else ""}
 
 
 def main(argv=None) -> int:
@@ -154,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fio-seconds", type=float, default=10.0)
     ap.add_argument("--install-fio", action="store_true", help="apt-get install fio when it is missing")
     ap.add_argument("--keep", action="store_true", help="keep the test table")
+    ap.add_argument("--io", default="pread,mmap", type=lambda v: v.split(","), help="readers (comma list)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -165,10 +181,14 @@ def main(argv=None) -> int:
     make_table(path, rows)
     try:
         fio_res = run_fio(fio, path, args.qd, args.fio_seconds)
-        cold = bench_cold(path, rows, args.qd, args.rows_per_call, args.cold_calls, seed=2)
-        warm = bench_warm(path, rows, args.qd, args.rows_per_call, args.warm_calls,
-                          int(args.warm_gib * (1 << 30)) // COLS, seed=3)
-        mem = bench_memory(path, rows, args.qd, args.chunk_tokens)
+        readers = {}
+        for io in args.io:
+            readers[io] = {
+                "cold": bench_cold(io, path, rows, args.qd, args.rows_per_call, args.cold_calls, seed=2),
+                "warm": bench_warm(io, path, rows, args.qd, args.rows_per_call, args.warm_calls,
+                                   int(args.warm_gib * (1 << 30)) // COLS, seed=3),
+                "memory": bench_memory(io, path, rows, args.qd, args.chunk_tokens),
+            }
     finally:
         if not args.keep:
             path.unlink(missing_ok=True)
@@ -179,14 +199,12 @@ def main(argv=None) -> int:
         "table": {"rows": rows, "row_bytes": COLS, "bytes": rows * COLS},
         "queue_depth": args.qd,
         "fio": fio_res,
-        "cold": cold,
-        "warm": warm,
-        "memory": mem,
-        "ratios": {
-            "cold_pages_per_s_vs_fio_iops": cold["pages_per_s"] / fio_res["iops"],
-            "warm_rows_per_s_vs_pooled_10us_per_row": warm["rows_per_s"] / POOLED_ROWS_PER_S,
-            "working_set_vs_64MiB": mem["working_set_bytes"] / (64 << 20),
-        },
+        "readers": readers,
+        "ratios": {io: {
+            "cold_pages_per_s_vs_fio_iops": r["cold"]["pages_per_s"] / fio_res["iops"],
+            "warm_rows_per_s_vs_pooled_10us_per_row": r["warm"]["rows_per_s"] / POOLED_ROWS_PER_S,
+            "working_set_vs_64MiB": r["memory"]["working_set_bytes"] / (64 << 20),
+        } for io, r in readers.items()},
         "targets": {"cold_pages_per_s_vs_fio_iops": ">= 0.9", "warm_rows_per_s_vs_pooled_10us_per_row": ">= 5",
                     "working_set_vs_64MiB": "<= 1"},
     }

@@ -394,7 +394,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--skip-timing", action="store_true", help="bit-exactness checks only")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--watchdog-s", type=float, default=0, help="dump every thread's stack and exit after this long")
     args = ap.parse_args(argv)
+    if args.watchdog_s:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.watchdog_s, exit=True)  # e.g. a host node that never gets the GIL
 
     kernel, kernel_src = load_sglang_kernel(args.qwen4_exp)
     d = Path(args.dir)

@@ -19,9 +19,13 @@ def test_bench_script_writes_its_ratios(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
-    assert set(res["ratios"]) == {"cold_pages_per_s_vs_fio_iops", "warm_rows_per_s_vs_pooled_10us_per_row",
-                                  "working_set_vs_64MiB"}
+    assert set(res["ratios"]) == {"pread", "mmap"}
+    for io in ("pread", "mmap"):
+        assert set(res["ratios"][io]) == {"cold_pages_per_s_vs_fio_iops", "warm_rows_per_s_vs_pooled_10us_per_row",
+                                          "working_set_vs_64MiB"}
+        r = res["readers"][io]
+        assert r["cold"]["rows"] == 512 and 1 <= r["cold"]["pages"] <= 2 * 512 and r["warm"]["rows"] == 1024
+        assert r["memory"]["rows"] == 64 * 16 and r["memory"]["working_set_bytes"] > 0
+    assert res["readers"]["pread"]["cold"]["pages"] == res["readers"]["mmap"]["cold"]["pages"]  # same ids
     assert res["fio"]["iops"] > 0 and res["fio"]["version"].startswith("fio-")
-    assert res["cold"]["rows"] == 512 and res["cold"]["pages"] >= 1 and res["warm"]["rows"] == 1024
-    assert res["memory"]["rows"] == 64 * 16 and res["memory"]["working_set_bytes"] > 0
     assert "bench_sidecar_cpu.py" in res["command"] and not (tmp_path / "d" / "ple-bench-table.bin").exists()

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Copy the vLLM 0.33.0 files the vllm_* GPU scripts need into .gpu/vllm-src (git-ignored; pass it
 # as `carry`), and write the patched QSA kernel module by applying patches/vllm/0001 with the kit's
-# own engine (hash-checked against the manifest when one is given). Run on the CPU machine:
+# own engine (both hash-checked against hashes/vllm-0.33.0.json). Run on the CPU machine:
 #   scripts/gpu/vllm_prepare_sources.sh [vllm-python]   (default: the cached vllm venv)
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -12,6 +12,7 @@ site=$("$py" -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.ut
 cp "$site/vllm/models/qwen4_exp/common/ngram_embedding.py" "$out/ngram_embedding.py"
 cp "$site/vllm/models/qwen4_exp/nvidia/ops/qsa.py" "$out/qsa.pristine.py"
 cp "$site/vllm/model_executor/layers/vocab_parallel_embedding.py" "$out/vocab_parallel_embedding.py"
+cp "$site/vllm/model_executor/warmup/jit_warmup_triton_helper.py" "$out/jit_warmup_triton_helper.py"
 PYTHONPATH="$repo" "$py" - "$out" "$repo" <<'PY'
 import hashlib, json, sys
 from pathlib import Path
@@ -21,6 +22,10 @@ rel = "vllm/models/qwen4_exp/nvidia/ops/qsa.py"
 patch = load_patch(Path(sys.argv[2]) / "patches/vllm/0001-qsa-quantized-tile-smem-guard.patch", "0001")
 pristine = (out / "qsa.pristine.py").read_bytes()
 patched, _ = apply_file(pristine, patch.files[rel], path=rel)
+entry = next(f for f in json.loads((Path(sys.argv[2]) / "hashes/vllm-0.33.0.json").read_text())["files"] if f["path"] == rel)
+for state, data in (("pristine", pristine), ("patched", patched)):
+    if hashlib.sha256(data).hexdigest() != entry[state]:
+        sys.exit(f"qsa.{state}.py does not have the manifest's {state} SHA-256 {entry[state]}")
 (out / "qsa.patched.py").write_bytes(patched)
 info = {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in sorted(p.name for p in out.glob("*.py"))}
 (out / "SOURCES.json").write_text(json.dumps(info, indent=1))

@@ -19,10 +19,13 @@ INTERPRET_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 RED = {
     "test_fp8_launch_fits_shared_memory[prefill-300]",
     "test_fp8_launch_fits_shared_memory[decode-4096]",
+    "test_fp8_launch_runs_the_measured_compile[prefill-300]",
+    "test_fp8_launch_runs_the_measured_compile[decode-4096]",
     "test_fp8_warmup_profiles_fit_shared_memory",
 }
 GUARDS = {"test_bf16_tiles_unchanged", "test_fitting_fp8_tiles_unchanged", "test_warmup_covers_every_launch"}
 RED_INTERPRETED = {"test_interpreted_launch_uses_fitted_tiles"}
+GUARDS_INTERPRETED = {"test_interpreter_measures_nothing_and_keeps_the_table_tile"}
 
 
 def test_red_on_pristine_green_when_patched(vllm_private):
@@ -30,13 +33,14 @@ def test_red_on_pristine_green_when_patched(vllm_private):
     red = vllm_private.run_checks(COMPILE, extra_env=COMPILE_ENV)
     assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]
     red_i = vllm_private.run_checks(INTERPRET, extra_env=INTERPRET_ENV)
-    assert outcomes_only(red_i) == {t: "failed" for t in RED_INTERPRETED}, red_i["__output__"]
+    assert outcomes_only(red_i) == {**{t: "failed" for t in RED_INTERPRETED},
+                                    **{t: "passed" for t in GUARDS_INTERPRETED}}, red_i["__output__"]
 
     vllm_private.ensure_patched()
     green = vllm_private.run_checks(COMPILE, extra_env=COMPILE_ENV)
     assert outcomes_only(green) == {t: "passed" for t in RED | GUARDS}, green["__output__"]
     green_i = vllm_private.run_checks(INTERPRET, extra_env=INTERPRET_ENV)
-    assert outcomes_only(green_i) == {t: "passed" for t in RED_INTERPRETED}, green_i["__output__"]
+    assert outcomes_only(green_i) == {t: "passed" for t in RED_INTERPRETED | GUARDS_INTERPRETED}, green_i["__output__"]
 
 
 def test_apply_verify_revert_on_a_private_copy(vllm_private):

@@ -24,6 +24,10 @@ TRUSTED_ROOTS_ENV = "SGLANG_SSD_STREAM_TRUSTED_ROOTS"  # os.pathsep-separated ex
 GATHER_MODE_ENV = "SGLANG_SSD_STREAM_PLE_GATHER"  # uva (default) | h2d
 WORKERS_ENV = "SGLANG_SSD_STREAM_READ_WORKERS"
 IO_ENV = "SGLANG_SSD_STREAM_IO"  # mmap (default) | pread
+SWITCH_INTERVAL_ENV = "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US"  # GIL switch interval under CUDA graphs; 0: Python's
+# A captured read is a host node that needs the GIL; with Python's 5 ms switch interval it waited 6-12 ms behind
+# a busy main thread on the H200, with 500 us 1.1-1.7 ms (benchmarks/sidecar/ple_captured_h200.json).
+DEFAULT_SWITCH_INTERVAL_US = 500
 MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_WORKERS = 16
@@ -139,6 +143,18 @@ def graph_tokens() -> int:
     return int(bs) * per if bs else DEFAULT_GRAPH_TOKENS
 
 
+def apply_switch_interval() -> float | None:
+    """Shorten the GIL switch interval for captured sidecar reads; returns the new value in seconds
+    (None when the knob is 0)."""
+    import sys
+
+    us = env_int(SWITCH_INTERVAL_ENV, DEFAULT_SWITCH_INTERVAL_US, lo=0)
+    if us == 0:
+        return None
+    sys.setswitchinterval(us / 1e6)
+    return sys.getswitchinterval()
+
+
 def io_mode() -> str:
     from ..sidecar import IO_MODES
 
@@ -153,6 +169,7 @@ def validate_env() -> None:
     io_mode()
     gather_mode()
     env_int(WORKERS_ENV, DEFAULT_WORKERS)
+    env_int(SWITCH_INTERVAL_ENV, DEFAULT_SWITCH_INTERVAL_US, lo=0)
     if os.environ.get(MAX_TOKENS_ENV):
         env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
 

@@ -163,6 +163,10 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
                  lo, hi, io, workers, mode, emb._ssd_stream.working_set_bytes / 2**20)
     if not bound:
         raise SidecarHookError(f"a PLE sidecar is configured ({sidecar.manifest.path}) but the model has no PLE layer")
+    if any(e._ssd_stream.graph_rows for e in bound.values()):  # decode graphs will read through host nodes
+        interval = config.apply_switch_interval()
+        log.info("PLE sidecar under CUDA graphs: GIL switch interval %s (%s)",
+                 "unchanged" if interval is None else f"{interval * 1e6:.0f} us", config.SWITCH_INTERVAL_ENV)
     return bound
 
 

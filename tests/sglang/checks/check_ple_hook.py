@@ -284,6 +284,7 @@ def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch, io, erro
     ("SGLANG_SSD_STREAM_IO", "aio", "SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread"),
     ("SGLANG_SSD_STREAM_PLE_GATHER", "zero-copy", "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d"),
     ("SGLANG_SSD_STREAM_READ_WORKERS", "0", "SGLANG_SSD_STREAM_READ_WORKERS=0 must be at least 1"),
+    ("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", "-5", "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US=-5 must be at least 0"),
 ])
 def test_bad_knob_values_stop_the_plugin_at_start(monkeypatch, name, value, message):
     """A bad value is refused when the plugin registers, not at the first request."""
@@ -318,6 +319,35 @@ def test_gather_inside_graph_capture_is_captured_not_refused(env, monkeypatch):
     assert torch.equal(cids, ids.reshape(-1)) and cout.data_ptr() == out.data_ptr()
     assert tuple(cout.shape) == (48, emb.embedding_dim) and cstream == "capture-stream"
     assert emb._ssd_stream._pending is None  # nothing left for the consumer to wait on
+
+
+@pytest.mark.parametrize("value,expected", [(None, 500e-6), ("100", 100e-6), ("0", "unchanged")])
+def test_graph_reads_shorten_the_gil_switch_interval(env, monkeypatch, value, expected):
+    """Captured reads are host nodes that need the GIL: binding a sidecar for CUDA graphs sets the
+    switch interval (default 500 us; 0 leaves Python's)."""
+    from sglang_ssd_stream.ple.staging import SidecarGather
+
+    original_init = SidecarGather.__init__
+
+    def with_graph_slot(self, *a, **k):  # a CPU build has no graph slot; pretend graphs are on
+        original_init(self, *a, **k)
+        self.graph_rows = 16
+
+    monkeypatch.setattr(SidecarGather, "__init__", with_graph_slot)
+    monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
+    if value is None:
+        monkeypatch.delenv("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", value)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
+        m.load(env.q, env.ck["float8_e4m3fn"].path)
+        now = sys.getswitchinterval()
+    finally:
+        sys.setswitchinterval(before)
+    assert now == pytest.approx(0.004 if expected == "unchanged" else expected)
 
 
 def test_conversion_kernel_matches_sglang_kernel_for_every_byte(env):

@@ -31,7 +31,6 @@ DEFAULT_SWITCH_INTERVAL_US = 500
 MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_WORKERS = 16
-DEFAULT_GRAPH_TOKENS = 512  # graph slot when the server args do not say (sglang's largest default bs)
 
 
 @dataclass(frozen=True)
@@ -127,20 +126,19 @@ def max_tokens() -> int:
     return int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_TOKENS
 
 
-def graph_tokens() -> int:
-    """Tokens of the largest captured decode batch (``cuda_graph_max_bs``; 0 with graphs off)."""
+def graphs_enabled() -> bool:
+    """Whether sglang may capture CUDA graphs (decode, or prefill token buckets) in this process.
+
+    The graph slot is then sized like the eager staging (a whole chunk): sglang 0.5.23 resolves
+    graph batch sizes per phase and model late, and a captured lookup larger than the slot is
+    refused at capture time (startup), never served."""
     from sglang.srt.runtime_context import get_context
 
     try:
         args = get_context().server_args
     except ValueError:
-        return DEFAULT_GRAPH_TOKENS
-    if getattr(args, "disable_cuda_graph", False):
-        return 0
-    bs = getattr(args, "cuda_graph_max_bs", None)
-    # speculative decoding captures draft tokens per request too
-    per = max(1, int(getattr(args, "speculative_num_draft_tokens", None) or 1))
-    return int(bs) * per if bs else DEFAULT_GRAPH_TOKENS
+        return True
+    return not getattr(args, "disable_cuda_graph", False)
 
 
 def apply_switch_interval() -> float | None:

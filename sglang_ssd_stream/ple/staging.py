@@ -12,8 +12,9 @@ One :class:`SidecarGather` per PLE embedding (per TP rank). Eager protocol, as S
 2. ``wait()`` before anyone waits on ``stream`` (the consumer); it re-raises reader errors.
 
 The slot is reused only after the previous conversion finished on the GPU (an event), so the
-working set is fixed: ``capacity_rows × (row_bytes + 8)`` pinned bytes (+ the same on the
-device for ``h2d``) plus the reader's buffer. Addresses never change (CUDA-graph safe).
+working set is fixed: ``capacity_rows × (row_bytes + 8)`` pinned bytes, the same again for the
+graph slot when graphs are on (+ device copies for ``h2d``), plus the reader's buffer. Addresses
+never change (CUDA-graph safe).
 
 CUDA graphs (sglang captures its decode steps, the PLE gather included): inside capture,
 ``capture(ids, out, stream)`` records the same pipeline as graph nodes on ``stream``: a D2H copy of
@@ -150,7 +151,7 @@ class SidecarGather:
         if n > self.graph_rows:
             raise StagingCapacityError(
                 f"a captured PLE lookup needs {n} rows but the graph slot holds {self.graph_rows} "
-                f"(sized from cuda_graph_max_bs × 16)")
+                f"(sized from the chunk: SGLANG_SSD_STREAM_PLE_MAX_TOKENS × 16)")
         if tuple(out.shape) != (n, self.columns) or out.dtype != torch.bfloat16 or not out.is_contiguous():
             raise ValueError(f"PLE output must be contiguous bf16 [{n}, {self.columns}], got {out.dtype} {tuple(out.shape)}")
         if n == 0:

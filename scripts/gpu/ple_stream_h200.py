@@ -319,6 +319,46 @@ def captured_latency(g: SidecarGather, rows: int, n: int, reps: int, busy_ms: fl
     return res
 
 
+def captured_overlap(kernel, g: SidecarGather, pinned: torch.Tensor, rows: int, n: int, layer_ms: float,
+                     reps: int) -> dict:
+    """A decode step as a graph: the PLE lookup for layer i+1 on a side stream while layer i (a
+    simulated layer) runs on the main stream, then a consumer. Exposed = replay − the layer-only
+    graph's replay; the same for sglang's in-RAM gather kernel in the same graph shape."""
+    layer, _ = simulated_layer(layer_ms)
+    base = Sglang(kernel, pinned, 0, rows)
+    inp = torch.from_numpy(np.random.default_rng(n).integers(0, rows, n)).cuda()
+    buf = torch.zeros((n, COLS), dtype=torch.bfloat16, device="cuda")
+    consumed = torch.zeros_like(buf)
+
+    def build(which: str):
+        s, side = torch.cuda.Stream(), torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+            ids = (inp * 7 + 3) % rows
+            if which != "layer_only":
+                side.wait_stream(s)
+                if which == "sidecar":
+                    g.capture(ids, buf, side)
+                else:
+                    with torch.cuda.stream(side):
+                        base(ids, buf)
+            layer()
+            if which != "layer_only":
+                s.wait_stream(side)
+                consumed.copy_(buf)
+        torch.cuda.current_stream().wait_stream(s)
+        return graph
+
+    graphs = {w: build(w) for w in ("layer_only", "sglang_pinned_uva", "sidecar")}
+    res = {"rows": n, "layer_ms_target": layer_ms, "switch_interval_ms": sys.getswitchinterval() * 1e3}
+    for name, graph in graphs.items():
+        res[f"{name}_ms"] = statistics.median(time_ms(graph.replay, reps))
+    for name in ("sglang_pinned_uva", "sidecar"):
+        res[f"{name}_exposed_ms"] = max(0.0, res[f"{name}_ms"] - res["layer_only_ms"])
+    return res
+
+
 def _table(path: Path, rows: int, dtype: str) -> SidecarTable:
     isz = 1 if dtype == "float8_e4m3fn" else 2
     return SidecarTable(0, path.name, path, "0" * 64, dtype, rows, COLS, 0, rows * COLS * isz)
@@ -402,6 +442,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--skip-timing", action="store_true", help="bit-exactness checks only")
     ap.add_argument("--skip-overlap", action="store_true", help="no eager overlap timing (captured-read latency still runs)")
+    ap.add_argument("--skip-latency", action="store_true", help="no captured-read latency sweep")
+    ap.add_argument("--switch-interval-us", type=float, default=0,
+                    help="set the GIL switch interval first, as the plugin does under CUDA graphs (0: Python's)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--watchdog-s", type=float, default=0, help="dump every thread's stack and exit after this long")
     args = ap.parse_args(argv)
@@ -410,6 +453,8 @@ def main(argv=None) -> int:
 
         faulthandler.dump_traceback_later(args.watchdog_s, exit=True)  # e.g. a host node that never gets the GIL
 
+    if args.switch_interval_us:
+        sys.setswitchinterval(args.switch_interval_us / 1e6)
     kernel, kernel_src = load_sglang_kernel(args.qwen4_exp)
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -425,8 +470,19 @@ def main(argv=None) -> int:
     correctness: list[dict] = []
     ok = check_bitexact(kernel, tables, args, correctness)
     timings = [] if args.skip_timing or args.skip_overlap else overlap(kernel, fp8, rows8, tables["float8_e4m3fn"][3], args)
-    latency = []
+    decode_graphs = []
     if not args.skip_timing:
+        reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), args.io[0], max_rows=4096, workers=args.workers)
+        g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
+        for n in (16, 64, 256, 1024):
+            row = {"io": args.io[0], **captured_overlap(kernel, g, tables["float8_e4m3fn"][3], rows8, n,
+                                                        args.decode_layer_ms, args.reps)}
+            decode_graphs.append(row)
+            print(f"decode graph {n:5d} rows: layer {row['layer_only_ms']:.3f} ms, exposed sglang "
+                  f"{row['sglang_pinned_uva_exposed_ms']:.3f} ms, sidecar {row['sidecar_exposed_ms']:.3f} ms", flush=True)
+        g.close()
+    latency = []
+    if not args.skip_timing and not args.skip_latency:
         for io in args.io:
             reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), io, max_rows=4096, workers=args.workers)
             g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
@@ -442,10 +498,10 @@ def main(argv=None) -> int:
     result = {
         "command": shlex.join(["python", *sys.argv]),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "cpus": os.cpu_count(), "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "table": {"fp8_rows": rows8, "bf16_rows": rows16, "row_bytes_fp8": COLS},
         "sglang_kernel_sha_of_source": __import__("hashlib").sha256(kernel_src.encode()).hexdigest(),
-        "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "captured_read_latency": latency, "seconds": time.time() - t0,
+        "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "captured_read_latency": latency, "decode_graph_overlap": decode_graphs, "seconds": time.time() - t0,
         "targets": {"prefill_exposed_fraction_of_gather": "<= 0.10", "decode_exposed_ms": "0 (fully hidden)"},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

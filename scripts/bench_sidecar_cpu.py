@@ -3,6 +3,8 @@
 
 Each reader (``--io pread,mmap``: ``SidecarReader`` and ``MappedReader``) is measured on:
 
+0. (``--io-uring``) fio's io_uring engine at the same queue depth vs its psync jobs: the most an
+   io_uring-based reader could gain over threads issuing blocking reads.
 1. cold: random rows (page cache dropped with POSIX_FADV_DONTNEED before every call) vs ``fio``
    4 KiB buffered randread on the same file at the same queue depth (one psync job per reader
    thread); ratio = reader 4 KiB pages/s ÷ fio IOPS (target ≥ 0.9).
@@ -84,10 +86,14 @@ def drop_cache(path: Path, reader=None) -> None:
         os.close(fd)
 
 
-def run_fio(fio: str, path: Path, qd: int, seconds: float) -> dict:
+def run_fio(fio: str, path: Path, qd: int, seconds: float, engine: str = "psync") -> dict:
+    """4 KiB buffered randread at queue depth ``qd``: ``psync`` as ``qd`` jobs (what threads issuing
+    blocking reads can do), ``io_uring`` as one job with ``iodepth=qd`` (what an io_uring reader
+    could do at best)."""
     drop_cache(path)
+    depth = [f"--numjobs={qd}"] if engine == "psync" else ["--numjobs=1", f"--iodepth={qd}"]
     cmd = [fio, "--name=ple-randread", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=0",
-           "--ioengine=psync", f"--numjobs={qd}", "--group_reporting", "--invalidate=1", "--fadvise_hint=1",
+           f"--ioengine={engine}", *depth, "--group_reporting", "--invalidate=1", "--fadvise_hint=1",
            "--norandommap", "--time_based", f"--runtime={seconds}", "--output-format=json"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     job = json.loads(r.stdout)["jobs"][0]["read"]
@@ -169,6 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fio-seconds", type=float, default=10.0)
     ap.add_argument("--install-fio", action="store_true", help="apt-get install fio when it is missing")
     ap.add_argument("--keep", action="store_true", help="keep the test table")
+    ap.add_argument("--io-uring", action="store_true", help="also run fio's io_uring engine at the same queue depth")
     ap.add_argument("--io", default="pread,mmap", type=lambda v: v.split(","), help="readers (comma list)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -181,6 +188,7 @@ def main(argv=None) -> int:
     make_table(path, rows)
     try:
         fio_res = run_fio(fio, path, args.qd, args.fio_seconds)
+        fio_uring = run_fio(fio, path, args.qd, args.fio_seconds, engine="io_uring") if args.io_uring else None
         readers = {}
         for io in args.io:
             readers[io] = {
@@ -199,6 +207,9 @@ def main(argv=None) -> int:
         "table": {"rows": rows, "row_bytes": COLS, "bytes": rows * COLS},
         "queue_depth": args.qd,
         "fio": fio_res,
+        "fio_io_uring": fio_uring,
+        # io_uring's best at the same queue depth over blocking reads: what an io_uring reader could win
+        "io_uring_iops_vs_psync_iops": fio_uring["iops"] / fio_res["iops"] if fio_uring else None,
         "readers": readers,
         "ratios": {io: {
             "cold_pages_per_s_vs_fio_iops": r["cold"]["pages_per_s"] / fio_res["iops"],

@@ -48,6 +48,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from sglang_ssd_stream.ple.kernels import convert_staged_rows  # noqa: E402
 from sglang_ssd_stream.ple.staging import SidecarGather  # noqa: E402
 from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
@@ -364,13 +365,52 @@ def _table(path: Path, rows: int, dtype: str) -> SidecarTable:
     return SidecarTable(0, path.name, path, "0" * 64, dtype, rows, COLS, 0, rows * COLS * isz)
 
 
+class _Phases:
+    """Host-side phases of the eager gather's worker (instrumentation of ``SidecarGather._work``):
+    waiting for the ids, reading the rows, launching the conversion."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, float, float]] = []
+        self._original = SidecarGather._work
+
+    def __enter__(self):
+        phases = self
+
+        def work(g, n, out, stream):
+            t0 = time.perf_counter()
+            g._ids_ready.synchronize()
+            t1 = time.perf_counter()
+            with torch.cuda.device(g.device), torch.cuda.stream(stream):
+                g.reader.read_rows(g._ids_np[:n], g._rows_np[:n])
+                t2 = time.perf_counter()
+                src = g.rows_host[:n]
+                if g.rows_device is not None:
+                    g.rows_device[:n].copy_(src, non_blocking=True)
+                    src = g.rows_device[:n]
+                convert_staged_rows(src, out, is_fp8=g.is_fp8)
+                g._slot_free.record(stream)
+            phases.samples.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+
+        SidecarGather._work = work
+        return self
+
+    def __exit__(self, *exc):
+        SidecarGather._work = self._original
+
+    def medians_ms(self) -> dict:
+        if not self.samples:
+            return {}
+        cols = list(zip(*self.samples))
+        return {k: statistics.median(c) * 1e3 for k, c in zip(("ids_wait", "read", "convert_launch"), cols)}
+
+
 def overlap(kernel, path, rows, pinned, args) -> list[dict]:
     side = torch.cuda.Stream()
     main = torch.cuda.current_stream()
     base = Sglang(kernel, pinned, 0, rows)
     out_rows = []
-    cases = [("prefill_2048_tokens", 32768, args.prefill_layer_ms)] + [
-        (f"decode_{n // 16}_tokens", n, args.decode_layer_ms) for n in (16, 64, 256)]
+    cases = [("prefill_2048_tokens", 32768, args.prefill_layer_ms)] + ([] if args.only_prefill else [
+        (f"decode_{n // 16}_tokens", n, args.decode_layer_ms) for n in (16, 64, 256)])
     gathers = {}
     for io, mode in [(io, mode) for io in args.io for mode in ("uva", "h2d")]:
         reader = open_reader(_table(path, rows, "float8_e4m3fn"), io, max_rows=32768, workers=args.workers)
@@ -414,17 +454,21 @@ def overlap(kernel, path, rows, pinned, args) -> list[dict]:
                 if before:
                     before()
                 resident = None if g is None else resident_fraction(path)
-                alone = statistics.median(time_ms(gather_only, args.reps, before))
-                both = statistics.median(time_ms(overlapped, args.reps, before))
+                with _Phases() as ph_alone:
+                    alone = statistics.median(time_ms(gather_only, args.reps, before))
+                with _Phases() as ph_both:
+                    both = statistics.median(time_ms(overlapped, args.reps, before))
                 exposed = max(0.0, both - layer_alone)
-                out_rows.append({"case": name, "rows": n, "cache": cache, "variant": vname,
+                out_rows.append({"case": name, "rows": n, "cache": cache, "variant": vname, "workers": args.workers,
+                                 "host_phases_alone_ms": ph_alone.medians_ms(),
+                                 "host_phases_overlapped_ms": ph_both.medians_ms(),
                                  "table_resident_fraction_before": resident,
                                  "layer_ms": layer_alone, "simulated_layer_target_ms": layer_ms,
                                  "gather_alone_ms": alone, "overlapped_ms": both, "exposed_ms": exposed,
                                  "exposed_fraction_of_gather": exposed / alone if alone else 0.0,
                                  "exposed_fraction_of_layer": exposed / layer_alone})
                 print(f"{name:22s} {cache:4s} {vname:18s} gather {alone:8.3f} ms  layer {layer_alone:7.3f} ms  "
-                      f"exposed {exposed:7.3f} ms", flush=True)
+                      f"exposed {exposed:7.3f} ms  phases {ph_both.medians_ms()}", flush=True)
     for g in gathers.values():
         g.close()
     return out_rows
@@ -443,6 +487,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-timing", action="store_true", help="bit-exactness checks only")
     ap.add_argument("--skip-overlap", action="store_true", help="no eager overlap timing (captured-read latency still runs)")
     ap.add_argument("--skip-latency", action="store_true", help="no captured-read latency sweep")
+    ap.add_argument("--only-prefill", action="store_true", help="eager overlap: the 2,048-token chunk only")
+    ap.add_argument("--skip-decode-graphs", action="store_true", help="no decode-graph overlap")
     ap.add_argument("--switch-interval-us", type=float, default=0,
                     help="set the GIL switch interval first, as the plugin does under CUDA graphs (0: Python's)")
     ap.add_argument("--out", required=True)
@@ -471,7 +517,7 @@ def main(argv=None) -> int:
     ok = check_bitexact(kernel, tables, args, correctness)
     timings = [] if args.skip_timing or args.skip_overlap else overlap(kernel, fp8, rows8, tables["float8_e4m3fn"][3], args)
     decode_graphs = []
-    if not args.skip_timing:
+    if not args.skip_timing and not args.skip_decode_graphs:
         reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), args.io[0], max_rows=4096, workers=args.workers)
         g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
         for n in (16, 64, 256, 1024):

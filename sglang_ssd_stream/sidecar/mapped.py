@@ -11,8 +11,12 @@ reads through a mapping of this rank's rows instead of ``preadv`` into a page bu
 - *Cold* rows fault in one 4 KiB page each (``MADV_RANDOM``: no read-ahead); ``numpy.take``
   releases the GIL, so ``workers`` threads keep ``workers`` page faults in flight, the same
   queue depth as the ``preadv`` reader.
-- Lookups of at most ``inline_rows`` rows (decode steps) are copied on the calling thread: a
-  hand-off to the pool costs more than the copy.
+- Rows are copied on the calling thread, in chunks of ``inline_rows``, for as long as the chunks
+  come from the page cache; the first chunk that is slow (page faults: more than
+  ``SLOW_ROW_S`` per row) hands the rest to the pool. Measured on the H200 (a 2,048-token
+  chunk behind a 1.9 ms layer, ``benchmarks/sidecar/ple_prefill_w*.json``): warm, one thread
+  exposed 0.36 ms and 16 threads 1.8 ms (pool hand-offs fight the engine's thread for the
+  GIL); cold, 16 threads took 430 ms and one thread 1,340 ms.
 
 Memory: nothing is allocated per table; the mapped pages are page cache, which the kernel
 reclaims. Per call a few index arrays of ``len(ids)`` entries.
@@ -31,6 +35,7 @@ import faulthandler
 import mmap
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -39,7 +44,10 @@ from .format import SidecarTable
 from .reader import check_bounds, check_ids, check_out
 
 DEFAULT_WORKERS = 16
-DEFAULT_INLINE_ROWS = 256  # a decode batch of 16 tokens: copied on the caller's thread
+DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
+# A page-cache row copies in ~30-60 ns, a page fault to disk takes ~20-100 us: a chunk slower than
+# this per row is faulting, and the rest of the lookup goes to the pool.
+SLOW_ROW_S = 1e-6
 
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -65,7 +73,8 @@ class MappedReader:
         workers: copy threads = page faults in flight on a cold table.
         rows_per_task: rows one thread copies per task (default: the lookup split evenly
             over ``workers``).
-        inline_rows: lookups up to this many rows run on the calling thread.
+        inline_rows: rows per chunk copied on the calling thread while chunks are warm (0: always
+            use the pool).
         total_rows: ids must lie in ``[0, total_rows)``; default ``table.row_end``.
     """
 
@@ -117,7 +126,7 @@ class MappedReader:
         self._lock = threading.Lock()
         self._failure: str | None = None
         self._closed = False
-        self._stats = {"calls": 0, "rows": 0, "rows_in_range": 0, "tasks": 0}
+        self._stats = {"calls": 0, "rows": 0, "rows_in_range": 0, "inline_rows": 0, "tasks": 0}
 
     # ------------------------------------------------------------------ public
 
@@ -214,13 +223,25 @@ class MappedReader:
         np.take(self._rows, local, axis=0, out=out, mode="clip")  # bounds already checked; "raise" would buffer
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
-        n = local.shape[0]
-        if n <= self.inline_rows or self._pool is None:
-            self._stats["tasks"] += 1
+        n, a = local.shape[0], 0
+        if self._pool is None:
+            self._stats["inline_rows"] += n
             self._take(local, out)
             return
-        step = self.rows_per_task or -(-n // self.workers)
-        futures = [self._pool.submit(self._take, local[a:a + step], out[a:a + step]) for a in range(0, n, step)]
+        while a < n and self.inline_rows:
+            b = min(n, a + self.inline_rows)
+            t = time.perf_counter()
+            self._take(local[a:b], out[a:b])
+            slow = time.perf_counter() - t > (b - a) * SLOW_ROW_S
+            self._stats["inline_rows"] += b - a
+            a = b
+            if slow:
+                break  # faulting: the rest goes to the pool, so faults overlap
+        if a == n:
+            return
+        rest = n - a
+        step = self.rows_per_task or -(-rest // self.workers)
+        futures = [self._pool.submit(self._take, local[i:i + step], out[i:i + step]) for i in range(a, n, step)]
         self._stats["tasks"] += len(futures)
         concurrent.futures.wait(futures)  # never return while a task still writes into `out`
         for f in futures:

@@ -31,20 +31,35 @@ from sglang_ssd_stream.sidecar.format import SidecarTable
 from test_build_and_read import _ids
 
 
+ALL = -1
+
+
 @pytest.mark.parametrize("layer", [FP8_LAYER, BF16_LAYER])
-@pytest.mark.parametrize("workers,rows_per_task,inline", [(1, None, 256), (4, None, 0), (3, 97, 0), (8, None, 10**9)])
-def test_mapped_rows_match_shards_and_the_pread_reader(big, layer, workers, rows_per_task, inline):
+@pytest.mark.parametrize("workers,rows_per_task,inline,slow,expect_inline", [
+    (1, None, 256, None, ALL),  # no pool: one inline copy
+    (4, None, 0, None, 0),  # inline off: everything through the pool
+    (3, 97, 0, None, 0),
+    (4, None, 500, 0.0, 500),  # every chunk counts as faulting: one inline chunk, then the pool
+    (8, None, 500, float("inf"), ALL),  # every chunk counts as warm: all inline, in chunks
+])
+def test_mapped_rows_match_shards_and_the_pread_reader(big, monkeypatch, layer, workers, rows_per_task, inline, slow,
+                                                       expect_inline):
     _, result, ref = big
     t = result.manifest.table(layer)
     ids = _ids(t.rows, t.row_bytes, 6000, seed=layer + workers)  # duplicates, first/last, page-straddling rows
+    if slow is not None:
+        monkeypatch.setattr(mapped_mod, "SLOW_ROW_S", slow)
     out = np.full((ids.size, t.row_bytes), 0xAB, np.uint8)
     with MappedReader(t, max_rows=ids.size, workers=workers, rows_per_task=rows_per_task, inline_rows=inline) as r:
         r.read_rows(ids, out)
         s = r.stats
     assert np.array_equal(out, ref[layer][ids])
     assert s["rows"] == s["rows_in_range"] == ids.size
-    expected_tasks = 1 if (workers == 1 or ids.size <= inline) else -(-ids.size // (rows_per_task or -(-ids.size // workers)))
-    assert s["tasks"] == expected_tasks
+    n = ids.size
+    inline_expected = n if expect_inline == ALL else expect_inline
+    assert s["inline_rows"] == inline_expected
+    rest = n - inline_expected
+    assert s["tasks"] == (0 if rest == 0 else -(-rest // (rows_per_task or -(-rest // workers))))
     other = np.empty_like(out)
     with SidecarReader(t, max_rows=ids.size, workers=2) as p:
         p.read_rows(ids, other)
@@ -98,9 +113,13 @@ def test_mapped_matches_direct_indexing(tmp_path_factory, data):
     path.unlink()
 
 
-def test_decode_lookups_stay_on_the_calling_thread_prefill_fans_out(big, monkeypatch):
+@pytest.mark.parametrize("slow,pool_used", [(float("inf"), False), (0.0, True)])
+def test_warm_lookups_stay_on_the_calling_thread_faulting_ones_fan_out(big, monkeypatch, slow, pool_used):
+    """Warm chunks are copied inline (pool hand-offs fight the engine for the GIL); the first
+    faulting chunk sends the rest to the pool (faults overlap). The timing threshold is pinned."""
     _, result, ref = big
     t = result.manifest.table(FP8_LAYER)
+    monkeypatch.setattr(mapped_mod, "SLOW_ROW_S", slow)
     threads = set()
     original = MappedReader._take
 
@@ -109,19 +128,17 @@ def test_decode_lookups_stay_on_the_calling_thread_prefill_fans_out(big, monkeyp
         return original(self, local, out)
 
     monkeypatch.setattr(MappedReader, "_take", spy)
-    with MappedReader(t, max_rows=8192, workers=4) as r:
-        small = np.random.default_rng(7).integers(0, t.rows, 256)
-        out = np.empty((small.size, t.row_bytes), np.uint8)
-        r.read_rows(small, out)
-        assert np.array_equal(out, ref[FP8_LAYER][small])
-        assert threads == {threading.current_thread().name}
-        threads.clear()
-        large = np.random.default_rng(8).integers(0, t.rows, 4000)
-        out = np.empty((large.size, t.row_bytes), np.uint8)
-        r.read_rows(large, out)
-        assert np.array_equal(out, ref[FP8_LAYER][large])
-        assert r.stats["tasks"] == 1 + 4  # one inline, then four pool tasks
-        assert threads and all(name.startswith("ple-mmap") for name in threads)
+    with MappedReader(t, max_rows=8192, workers=4, inline_rows=1000) as r:
+        ids = np.random.default_rng(8).integers(0, t.rows, 4000)
+        out = np.empty((ids.size, t.row_bytes), np.uint8)
+        r.read_rows(ids, out)
+        assert np.array_equal(out, ref[FP8_LAYER][ids])
+        me = threading.current_thread().name
+        if pool_used:
+            assert r.stats["inline_rows"] == 1000 and r.stats["tasks"] == 4  # 3,000 rows over 4 workers
+            assert me in threads and any(name.startswith("ple-mmap") for name in threads)
+        else:
+            assert r.stats["inline_rows"] == 4000 and r.stats["tasks"] == 0 and threads == {me}
 
 
 # ----------------------------------------------------------------------------- refusals

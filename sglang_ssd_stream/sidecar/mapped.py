@@ -11,8 +11,8 @@ reads through a mapping of this rank's rows instead of ``preadv`` into a page bu
 - *Cold* rows fault in one 4 KiB page each (``MADV_RANDOM``: no read-ahead); ``numpy.take``
   releases the GIL, so ``workers`` threads keep ``workers`` page faults in flight, the same
   queue depth as the ``preadv`` reader.
-- Rows are copied on the calling thread, in chunks of ``inline_rows``, for as long as the chunks
-  come from the page cache; the first chunk that is slow (page faults: more than
+- Rows are copied on the calling thread, in chunks (``PROBE_ROWS`` first, then ``inline_rows``),
+  for as long as the chunks come from the page cache; the first chunk that is slow (page faults: more than
   ``SLOW_ROW_S`` per row) hands the rest to the pool. Measured on the H200 (a 2,048-token
   chunk behind a 1.9 ms layer, ``benchmarks/sidecar/ple_prefill_w*.json``): warm, one thread
   exposed 0.36 ms and 16 threads 1.8 ms (pool hand-offs fight the engine's thread for the
@@ -48,6 +48,7 @@ DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk
 # A page-cache row copies in ~30-60 ns, a page fault to disk takes ~20-100 us: a chunk slower than
 # this per row is faulting, and the rest of the lookup goes to the pool.
 SLOW_ROW_S = 1e-6
+PROBE_ROWS = 64  # the first inline chunk: a cold decode batch learns it is faulting after 64 rows, not all of them
 
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -229,7 +230,7 @@ class MappedReader:
             self._take(local, out)
             return
         while a < n and self.inline_rows:
-            b = min(n, a + self.inline_rows)
+            b = min(n, a + (min(self.inline_rows, PROBE_ROWS) if a == 0 else self.inline_rows))
             t = time.perf_counter()
             self._take(local[a:b], out[a:b])
             slow = time.perf_counter() - t > (b - a) * SLOW_ROW_S

@@ -39,7 +39,8 @@ ALL = -1
     (1, None, 256, None, ALL),  # no pool: one inline copy
     (4, None, 0, None, 0),  # inline off: everything through the pool
     (3, 97, 0, None, 0),
-    (4, None, 500, 0.0, 500),  # every chunk counts as faulting: one inline chunk, then the pool
+    (4, None, 500, 0.0, 64),  # every chunk counts as faulting: the 64-row probe inline, then the pool
+    (4, None, 40, 0.0, 40),  # a probe never exceeds the chunk size
     (8, None, 500, float("inf"), ALL),  # every chunk counts as warm: all inline, in chunks
 ])
 def test_mapped_rows_match_shards_and_the_pread_reader(big, monkeypatch, layer, workers, rows_per_task, inline, slow,
@@ -135,7 +136,7 @@ def test_warm_lookups_stay_on_the_calling_thread_faulting_ones_fan_out(big, monk
         assert np.array_equal(out, ref[FP8_LAYER][ids])
         me = threading.current_thread().name
         if pool_used:
-            assert r.stats["inline_rows"] == 1000 and r.stats["tasks"] == 4  # 3,000 rows over 4 workers
+            assert r.stats["inline_rows"] == 64 and r.stats["tasks"] == 4  # the probe, then 3,936 rows over 4 workers
             assert me in threads and any(name.startswith("ple-mmap") for name in threads)
         else:
             assert r.stats["inline_rows"] == 4000 and r.stats["tasks"] == 0 and threads == {me}

@@ -21,7 +21,11 @@ log = logging.getLogger(__name__)
 SIDECAR_ENV = "SGLANG_SSD_STREAM_SIDECAR"
 NO_VERIFY_ENV = "SGLANG_SSD_STREAM_NO_VERIFY"  # "1": skip the SHA-256 pass (explicit opt-out)
 TRUSTED_ROOTS_ENV = "SGLANG_SSD_STREAM_TRUSTED_ROOTS"  # os.pathsep-separated extra roots
-GATHER_MODE_ENV = "SGLANG_SSD_STREAM_PLE_GATHER"  # uva (default) | h2d
+GATHER_MODE_ENV = "SGLANG_SSD_STREAM_PLE_GATHER"  # h2d (default) | uva
+# h2d: a copy-engine H2D, then a device kernel; it hid a warm 2,048-token chunk behind a layer to 8-9 % of the
+# gather on the H200, where uva (the kernel reads pinned memory, competing with the layer for SMs) left 25-27 %
+# (benchmarks/sidecar/ple_adaptive*_h200.json).
+DEFAULT_GATHER_MODE = "h2d"
 WORKERS_ENV = "SGLANG_SSD_STREAM_READ_WORKERS"
 IO_ENV = "SGLANG_SSD_STREAM_IO"  # mmap (default) | pread
 SWITCH_INTERVAL_ENV = "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US"  # GIL switch interval under CUDA graphs; 0: Python's
@@ -173,7 +177,7 @@ def validate_env() -> None:
 
 
 def gather_mode() -> str:
-    mode = os.environ.get(GATHER_MODE_ENV, "uva")
+    mode = os.environ.get(GATHER_MODE_ENV, DEFAULT_GATHER_MODE)
     if mode not in ("uva", "h2d"):
         raise ValueError(f"{GATHER_MODE_ENV}={mode!r}: expected uva or h2d")
     return mode

@@ -109,7 +109,7 @@ def cases(rows: int, bounds, n: int) -> dict[str, np.ndarray]:
 
 
 def drop_cache(path, g) -> None:
-    m = getattr(g.source, "_map", None)
+    m = getattr(getattr(g.source, "reader", None), "_map", None)  # MmapRows -> MappedReader
     if m is not None:
         import mmap
         m.madvise(mmap.MADV_DONTNEED)

@@ -2,7 +2,8 @@
 # Copy the vLLM 0.33.0 files the vllm_* GPU scripts need into .gpu/vllm-src (git-ignored; pass it
 # as `carry`), and write the patched QSA kernel module by applying patches/vllm/0001 with the kit's
 # own engine (both hash-checked against hashes/vllm-0.33.0.json). Run on the CPU machine:
-#   scripts/gpu/vllm_prepare_sources.sh [vllm-python]   (default: the cached vllm venv)
+#   scripts/gpu/vllm_prepare_sources.sh [vllm-python [sglang-python]]   (default: the cached venvs)
+# sglang's vocab_parallel_embedding.py comes along for the SGLang side of vllm_tp2_ple_h200x2.py.
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 py=${1:-$("$repo/scripts/engine-venv.sh" vllm)}
@@ -13,6 +14,9 @@ cp "$site/vllm/models/qwen4_exp/common/ngram_embedding.py" "$out/ngram_embedding
 cp "$site/vllm/models/qwen4_exp/nvidia/ops/qsa.py" "$out/qsa.pristine.py"
 cp "$site/vllm/model_executor/layers/vocab_parallel_embedding.py" "$out/vocab_parallel_embedding.py"
 cp "$site/vllm/model_executor/warmup/jit_warmup_triton_helper.py" "$out/jit_warmup_triton_helper.py"
+sg_py=${2:-$("$repo/scripts/engine-venv.sh" sglang)}
+sg_site=$("$sg_py" -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("sglang").origin).parent.parent)')
+cp "$sg_site/sglang/srt/layers/vocab_parallel_embedding.py" "$out/sglang_vocab_parallel_embedding.py"
 PYTHONPATH="$repo" "$py" - "$out" "$repo" <<'PY'
 import hashlib, json, sys
 from pathlib import Path

@@ -13,6 +13,10 @@ Checks (exit 1 if one fails), for random ids, ids at the shard boundary, and dup
 - eager: the assembled rows on both ranks equal a TP=1 read, bit for bit;
 - CUDA-graph replay: a graph holding the NCCL all-reduce and a consumer is replayed after our
   lookup ran eagerly into its input buffer (as vLLM's breakable graphs run it); same result.
+- SGLang's side (``--src`` also holds ``sglang_vocab_parallel_embedding.py``): ranges from sglang's
+  arithmetic, rows through our ``SidecarGather`` (BF16), a BF16 NCCL all-reduce, on a table without
+  NaN and -0.0 bytes; eager, and a CUDA graph capturing the read as a host node plus the all-reduce,
+  replayed with new ids.
 Measures (same run): delivery time of a 2,048-token chunk (32,768 rows), TP=2 (both ranks
 gather half the rows, then the all-reduce) vs TP=1, page cache warm and cold; ratio TP2/TP1.
 
@@ -211,6 +215,100 @@ def timing(g, table, ids, n, device, args, rank, world, kind) -> list[dict]:
     return rows
 
 
+def write_finite_table(d: Path, rows: int) -> Path:
+    """FP8 bytes without NaN (0x7F/0xFF) and -0.0 (0x80): a BF16 all-reduce of ``row + 0`` is then exact."""
+    d.mkdir(parents=True, exist_ok=True)
+    path, sha, rng = d / "layer-3.bin", hashlib.sha256(), np.random.default_rng(6)
+    with open(path, "wb") as f:
+        left = rows * ROW_BYTES
+        while left:
+            chunk = rng.integers(0, 256, min(left, 256 << 20), dtype=np.uint8)
+            chunk[((chunk & 0x7F) == 0x7F) | (chunk == 0x80)] = 0
+            f.write(chunk.tobytes())
+            sha.update(chunk.tobytes())
+            left -= chunk.size
+    (d / "ssd-stream.json").write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
+        {"layer": 3, "path": path.name, "sha256": sha.hexdigest(), "dtype": "float8_e4m3fn", "rows": rows,
+         "columns": ROW_BYTES, "bytes": rows * ROW_BYTES}]}))
+    return d / "ssd-stream.json"
+
+
+def sglang_rank_main(rank: int, world: int, args) -> None:
+    """SGLang's side: ranges from sglang's own arithmetic, rows through our ``SidecarGather`` (BF16
+    out, other ranks' rows zero), then a BF16 NCCL all-reduce; eager, and as a CUDA graph that
+    captures the read as a host node plus the all-reduce (how a TP decode step would replay)."""
+    from sglang_ssd_stream.ple.staging import SidecarGather
+    from sglang_ssd_stream.sidecar import open_reader
+
+    device = torch.device(f"cuda:{rank}")
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{args.port}")
+    src = Path(args.src) / "sglang_vocab_parallel_embedding.py"
+    if "\nDEFAULT_VOCAB_PADDING_SIZE = 64\n" not in src.read_text():
+        raise SystemExit(f"{src}: sglang's PLE padding is not 64 any more; update this script")
+    ns = load_vllm_ranges(src)  # same function names as vLLM's; the prelude defines the padding, 64
+    table = load_manifest(args.finite_manifest).table(3)
+    padded = ns["pad_vocab_size"](table.rows, ns["DEFAULT_VOCAB_PADDING_SIZE"])
+    bounds = [(i.org_vocab_start_index, i.org_vocab_end_index) for i in
+              (ns["VocabParallelEmbedding"]._get_indices(padded, padded, table.rows, table.rows, r, world)
+               for r in range(world))]
+    lo, hi = bounds[rank]
+    n = 512 if args.quick else TOKENS * HEADS
+    raw = np.fromfile(table.file, dtype=np.uint8).reshape(table.rows, ROW_BYTES)
+    result = {"rank": rank, "range": [lo, hi], "checks": {}}
+    for mode in ("h2d", "uva"):
+        g = SidecarGather(open_reader(table, "mmap", vocab_start=lo, vocab_end=hi, max_rows=n, workers=16),
+                          columns=ROW_BYTES, is_fp8=True, capacity_rows=n, device=device, mode=mode, graph_rows=n)
+        truth = {}
+        for name, ids in cases(table.rows, bounds, n).items():
+            want = torch.from_numpy(raw[ids]).to(device).view(torch.float8_e4m3fn).to(torch.bfloat16)
+            truth[name] = (torch.from_numpy(ids).to(device), want)
+        out = torch.empty((n, ROW_BYTES), dtype=torch.bfloat16, device=device)
+        for name, (ids, want) in truth.items():
+            out.fill_(7.0)
+            g.begin(ids, out, torch.cuda.current_stream(device))
+            g.wait()
+            if world > 1:
+                dist.all_reduce(out)
+            torch.cuda.synchronize(device)
+            result["checks"][f"sglang_{mode}_{name}_eager"] = bool(torch.equal(out.view(torch.int16), want.view(torch.int16)))
+        inp = torch.zeros(n, dtype=torch.int64, device=device)
+        buf = torch.zeros((n, ROW_BYTES), dtype=torch.bfloat16, device=device)
+        consumed = torch.zeros_like(buf)
+        st = torch.cuda.Stream(device)
+        st.wait_stream(torch.cuda.current_stream(device))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(st):
+            if world > 1:
+                dist.all_reduce(buf)  # warm NCCL on this stream before capture
+            with torch.cuda.graph(graph, stream=st):
+                g.capture(inp + 0, buf, st)  # ids produced inside the graph
+                if world > 1:
+                    dist.all_reduce(buf)
+                consumed.copy_(buf)
+        torch.cuda.current_stream(device).wait_stream(st)
+        ok = True
+        for ids, want in truth.values():
+            inp.copy_(ids)
+            graph.replay()
+            torch.cuda.synchronize(device)
+            ok &= torch.equal(consumed.view(torch.int16), want.view(torch.int16))
+        result["checks"][f"sglang_{mode}_graph_host_node"] = ok
+        g.close()
+    Path(args.out_dir, f"sglang-rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn_sglang(world: int, args) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    args.port = free_port()
+    args.out_dir = tempfile.mkdtemp(prefix=f"sglang-tp{world}-")
+    mp.start_processes(sglang_rank_main, args=(world, args), nprocs=world, start_method="spawn")
+    return [json.loads(Path(args.out_dir, f"sglang-rank{r}.json").read_text()) for r in range(world)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -236,6 +334,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-sglang", action="store_true", help="no SGLang-side (SidecarGather) TP check")
+    ap.add_argument("--sglang-table-gib", type=float, default=1.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the device README asks
@@ -257,6 +357,14 @@ def main(argv=None) -> int:
         ratios[f"{t1['source']}_{t1['cache']}"] = {"tp1_ms": t1["median_ms"], "tp2_ms": slowest,
                                                     "tp2_over_tp1": slowest / t1["median_ms"]}
     report["tp2_vs_tp1"] = ratios
+    if args.device == "cuda" and not args.skip_sglang:
+        rows_f = 8_000 if args.quick else int(args.sglang_table_gib * (1 << 30)) // ROW_BYTES // 64 * 64
+        args.finite_manifest = str(write_finite_table(Path(args.dir) / "sglang", rows_f))
+        sg2 = spawn_sglang(2, args)
+        report["sglang_ranges"] = [r["range"] for r in sg2]
+        checks.update({f"sglang_rank{r['rank']}_{k}": v for r in sg2 for k, v in r["checks"].items()})
+        checks["sglang_ranges_tile_the_table"] = sg2[0]["range"][0] == 0 and \
+            sg2[0]["range"][1] == sg2[1]["range"][0] and sg2[1]["range"][1] == rows_f
     report["ok"] = all(checks.values())
     report["seconds"] = time.time() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

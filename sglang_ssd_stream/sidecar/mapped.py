@@ -39,9 +39,9 @@ import time
 
 import numpy as np
 
-from .errors import SidecarIOError, SidecarReaderUnusable, SidecarShapeMismatch, SidecarTruncated
+from .errors import SidecarIOError, SidecarShapeMismatch, SidecarTruncated
 from .format import SidecarTable
-from .reader import check_bounds, check_ids, check_out
+from .reader import check_bounds, check_ids, check_out, check_usable
 
 DEFAULT_WORKERS = 16
 DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
@@ -201,12 +201,7 @@ class MappedReader:
     # ------------------------------------------------------------------ internals
 
     def _check_usable(self) -> None:
-        if self._closed:
-            raise SidecarReaderUnusable(f"PLE sidecar reader for {self.table.file} is closed", path=str(self.table.file))
-        if self._failure is not None:
-            raise SidecarReaderUnusable(
-                f"PLE sidecar reader for {self.table.file} is unusable after an earlier failure: {self._failure}",
-                path=str(self.table.file), cause=self._failure)
+        check_usable(self.table, self._closed, self._failure)
 
     def _check_size(self) -> None:
         try:

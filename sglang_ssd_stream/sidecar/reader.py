@@ -101,6 +101,17 @@ def check_bounds(ids: np.ndarray, table: SidecarTable, total_rows: int) -> None:
         )
 
 
+def check_usable(table: SidecarTable, closed: bool, failure: str | None) -> None:
+    """Refuse work after ``close()`` or an earlier failure (fail-closed)."""
+    if closed:
+        raise SidecarReaderUnusable(f"PLE sidecar reader for {table.file} is closed", path=str(table.file))
+    if failure is not None:
+        raise SidecarReaderUnusable(
+            f"PLE sidecar reader for {table.file} is unusable after an earlier I/O failure: {failure}",
+            path=str(table.file), cause=failure,
+        )
+
+
 def check_out(out, n: int, row_bytes: int) -> None:
     """``out`` is a writable C-contiguous uint8 ``[n, row_bytes]`` array."""
     if (
@@ -321,13 +332,7 @@ class SidecarReader:
     # ------------------------------------------------------------------ checks
 
     def _check_usable(self) -> None:
-        if self._closed:
-            raise SidecarReaderUnusable(f"PLE sidecar reader for {self.table.file} is closed", path=str(self.table.file))
-        if self._failure is not None:
-            raise SidecarReaderUnusable(
-                f"PLE sidecar reader for {self.table.file} is unusable after an earlier I/O failure: {self._failure}",
-                path=str(self.table.file), cause=self._failure,
-            )
+        check_usable(self.table, self._closed, self._failure)
 
     def _check_ids(self, ids) -> np.ndarray:
         return check_ids(ids, self.table, self.total_rows)

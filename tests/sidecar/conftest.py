@@ -127,3 +127,18 @@ def small(tmp_path):
     ck = make_checkpoint(tmp_path / "ckpt", {2: ("float8_e4m3fn", 5003, 160)}, parts=8, files=2, seed=2)
     build_sidecar(ck.path, tmp_path / "artifact", progress=False)
     return ck, tmp_path / "artifact"
+
+
+@pytest.fixture
+def table(small):
+    """The small sidecar's one table."""
+    from sglang_ssd_stream.sidecar import load_manifest
+
+    _, art = small
+    return load_manifest(art).tables[0]
+
+
+@pytest.fixture
+def ref(table):
+    """That table's bytes, read directly."""
+    return np.frombuffer(table.file.read_bytes(), np.uint8).reshape(table.rows, table.row_bytes)

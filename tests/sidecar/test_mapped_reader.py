@@ -145,17 +145,6 @@ def test_warm_lookups_stay_on_the_calling_thread_faulting_ones_fan_out(big, monk
 # ----------------------------------------------------------------------------- refusals
 
 
-@pytest.fixture
-def table(small):
-    _, art = small
-    return load_manifest(art).tables[0]
-
-
-@pytest.fixture
-def ref(table):
-    return np.frombuffer(table.file.read_bytes(), np.uint8).reshape(table.rows, table.row_bytes)
-
-
 def test_truncated_while_mapped_is_refused_and_fails_closed(table, ref):
     ids = np.array([0, table.rows - 1], dtype=np.int64)
     out = np.empty((2, table.row_bytes), np.uint8)
@@ -167,7 +156,7 @@ def test_truncated_while_mapped_is_refused_and_fails_closed(table, ref):
         with pytest.raises(SidecarTruncated, match=r"truncated: it has 4096 bytes, expected 800480"):
             r.read_rows(ids, out)
         assert (out == 0x33).all()  # refused before any copy
-        with pytest.raises(SidecarReaderUnusable, match="unusable after an earlier failure"):
+        with pytest.raises(SidecarReaderUnusable, match="unusable after an earlier I/O failure"):
             r.read_rows(ids[:1], out[:1])  # even a row that is still on disk
 
 

@@ -17,20 +17,8 @@ from sglang_ssd_stream.sidecar import (
     SidecarRowOutOfRange,
     SidecarShapeMismatch,
     SidecarTruncated,
-    load_manifest,
 )
 from sglang_ssd_stream.sidecar import reader as reader_mod
-
-
-@pytest.fixture
-def table(small):
-    _, art = small
-    return load_manifest(art).tables[0]
-
-
-@pytest.fixture
-def ref(table):
-    return np.frombuffer(table.file.read_bytes(), np.uint8).reshape(table.rows, table.row_bytes)
 
 
 def _spread_ids(rows: int, n: int = 2000) -> np.ndarray:

@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_ssd_stream.sidecar.format import SidecarTable, filesystem_type  # noqa: E402
 from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
+from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import PAGE_SIZE, rows_for_tokens  # noqa: E402
 
 COLS = 160  # fp8 bytes per row, as in Qwen3.8 Flash-Next
@@ -74,16 +75,7 @@ def make_table(path: Path, rows: int) -> None:
 
 
 def drop_cache(path: Path, reader=None) -> None:
-    import mmap
-
-    m = getattr(reader, "_map", None)
-    if m is not None:
-        m.madvise(mmap.MADV_DONTNEED)  # the mapped reader's pages first, or fadvise cannot drop them
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache(path, [reader] if reader is not None else [])
 
 
 def run_fio(fio: str, path: Path, qd: int, seconds: float, engine: str = "psync") -> dict:

@@ -52,6 +52,7 @@ from sglang_ssd_stream.ple.kernels import convert_staged_rows  # noqa: E402
 from sglang_ssd_stream.ple.staging import SidecarGather  # noqa: E402
 from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
+from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
 
 KERNEL = "_gather_ple_embedding_from_pinned_kernel"
 COLS = 160
@@ -88,17 +89,7 @@ def make_table(path: Path, rows: int, row_bytes: int) -> None:
 
 
 def drop_cache(path: Path, gathers=()) -> None:
-    import mmap
-
-    for g in gathers:
-        m = getattr(g.reader, "_map", None)
-        if m is not None:
-            m.madvise(mmap.MADV_DONTNEED)  # a mapped reader's pages first, or fadvise cannot drop them
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache(path, list(gathers))
 
 
 def resident_fraction(path: Path) -> float:

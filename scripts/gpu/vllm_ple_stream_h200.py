@@ -54,6 +54,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_ssd_stream.sidecar.format import load_manifest  # noqa: E402
+from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
 from vllm_ple_offload.host_memory import allocate_registered, caching_allocator_bytes  # noqa: E402
 from vllm_ple_offload.row_sources import SOURCES  # noqa: E402
 from vllm_ple_offload.streaming import StreamingGather  # noqa: E402
@@ -146,16 +147,7 @@ def host_reserved() -> int | None:
 
 
 def drop_cache(table_path: Path, gathers) -> None:
-    for g in gathers:
-        m = getattr(getattr(g.source, "reader", None), "_map", None)  # MmapRows -> MappedReader
-        if m is not None:
-            import mmap
-            m.madvise(mmap.MADV_DONTNEED)  # mapped pages first, or fadvise cannot drop them
-    fd = os.open(table_path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache(table_path, [g.source for g in gathers])
 
 
 def sync(device):

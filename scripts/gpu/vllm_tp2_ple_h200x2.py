@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_ssd_stream.sidecar.format import load_manifest  # noqa: E402
+from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
 from vllm_ple_offload.row_sources import SOURCES  # noqa: E402
 from vllm_ple_offload.streaming import StreamingGather  # noqa: E402
@@ -115,15 +116,7 @@ def cases(rows: int, bounds, n: int) -> dict[str, np.ndarray]:
 
 
 def drop_cache(path, g) -> None:
-    m = getattr(getattr(g.source, "reader", None), "_map", None)  # MmapRows -> MappedReader
-    if m is not None:
-        import mmap
-        m.madvise(mmap.MADV_DONTNEED)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache(path, [g.source])
 
 
 def sync(device):

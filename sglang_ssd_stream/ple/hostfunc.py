@@ -35,9 +35,8 @@ def _libcuda():
         return _lib
 
 
-def launch_host_func(stream, fn, *, what: str):
-    """Enqueue ``fn()`` on ``stream`` (a ``torch.cuda.Stream``). Returns the ctypes callback,
-    which the caller must keep alive for as long as a graph that captured it may replay."""
+def fail_closed(fn, *, what: str):
+    """``fn`` wrapped for a host node: an exception prints what failed and ends the process."""
 
     def run(_user_data) -> None:
         try:
@@ -48,7 +47,13 @@ def launch_host_func(stream, fn, *, what: str):
                   file=sys.stderr, flush=True)
             os._exit(EXIT_CODE)
 
-    callback = _HOST_FN(run)
+    return run
+
+
+def launch_host_func(stream, fn, *, what: str):
+    """Enqueue ``fn()`` on ``stream`` (a ``torch.cuda.Stream``). Returns the ctypes callback,
+    which the caller must keep alive for as long as a graph that captured it may replay."""
+    callback = _HOST_FN(fail_closed(fn, what=what))
     rc = _libcuda().cuLaunchHostFunc(ctypes.c_void_p(stream.cuda_stream), callback, None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchHostFunc for {what} failed: CUDA driver error {rc}")

@@ -64,6 +64,20 @@ def shared_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
         return pool
 
 
+def drop_page_cache(path, readers=()) -> None:
+    """Evict ``path`` from the page cache (benchmarks' cold runs): first the pages the mapped
+    ``readers`` hold mapped (``MADV_DONTNEED``; fadvise cannot drop mapped pages), then the file's."""
+    for r in readers:
+        r = getattr(r, "reader", r)  # a wrapper holding a reader (vLLM's MmapRows, SidecarGather)
+        if isinstance(r, MappedReader) and not r._closed:
+            r._map.madvise(mmap.MADV_DONTNEED)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 class MappedReader:
     """Reads rows of one PLE table through a read-only mapping of this rank's rows.
 

@@ -1,0 +1,72 @@
+"""Guards of the CUDA-graph read path that run without a GPU: the host-node failure exit, the
+graph slot's capacity, and evicting a mapped table for cold benchmarks."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from sglang_ssd_stream.sidecar.mapped import MappedReader, drop_page_cache
+
+
+def test_a_failing_host_node_ends_the_process_with_a_message(tmp_path):
+    """An exception cannot travel back through the CUDA driver: the node must stop the process."""
+    script = tmp_path / "node.py"
+    script.write_text(textwrap.dedent("""
+        from sglang_ssd_stream.ple.hostfunc import EXIT_CODE, fail_closed
+        def read():
+            raise OSError(5, "Input/output error")
+        fail_closed(read, what="PLE layer 3 sidecar read")(None)
+        print("CONTINUED")
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    from sglang_ssd_stream.ple.hostfunc import EXIT_CODE
+
+    assert proc.returncode == EXIT_CODE and "CONTINUED" not in proc.stdout
+    assert "PLE layer 3 sidecar read failed inside a CUDA stream/graph: OSError" in proc.stderr
+    assert "the step's rows were not read" in proc.stderr
+
+
+def test_a_capture_larger_than_the_graph_slot_is_refused(table):
+    torch = pytest.importorskip("torch")
+    from sglang_ssd_stream.ple.staging import SidecarGather, StagingCapacityError
+
+    g = SidecarGather(MappedReader(table, max_rows=64, workers=1), columns=table.columns, is_fp8=True,
+                      capacity_rows=64, device="cpu", graph_rows=16)
+    assert g.graph_rows == 0  # no CUDA: no graph slot at all
+    with pytest.raises(StagingCapacityError, match="captured PLE lookup needs 4 rows but the graph slot holds 0"):
+        g.capture(torch.zeros(4, dtype=torch.int64), torch.empty((4, table.columns), dtype=torch.bfloat16), None)
+    g.close()
+
+
+def _resident(path) -> float:
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    vec = np.zeros((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE, dtype=np.uint8)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+        view = np.frombuffer(m, dtype=np.uint8)
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
+                            ctypes.c_void_p(vec.ctypes.data)) == 0
+        del view
+    return float((vec & 1).mean())
+
+
+def test_drop_page_cache_evicts_pages_a_mapped_reader_holds(table):
+    with open(table.file, "rb+") as f:
+        os.fsync(f.fileno())  # dirty pages cannot be dropped; the fixture's file must be on disk first
+    with MappedReader(table, max_rows=table.rows, workers=1) as r:
+        out = np.empty((table.rows, table.row_bytes), np.uint8)
+        r.read_rows(np.arange(table.rows), out)  # every page now mapped by the reader
+        assert _resident(table.file) > 0.9
+        drop_page_cache(table.file, [type("Wrapper", (), {"reader": r})()])  # through a wrapper, as vLLM holds it
+        assert _resident(table.file) < 0.1
+        r.read_rows(np.arange(table.rows), out)  # and the reader still reads after the eviction
+        assert np.array_equal(out, np.frombuffer(table.file.read_bytes(), np.uint8).reshape(out.shape))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EnvironmentProblem
+from ..paths import data_dir as kit_data_dir
 from .errors import ModelUpdateError, Offline
 
 STATE_NAME = "state.json"
@@ -31,7 +32,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def default_data_dir() -> Path:
-    return Path(os.environ.get("SGLANG_SSD_STREAM_HOME") or Path.home() / ".cache" / "sglang-ssd-stream")
+    return kit_data_dir()
 
 
 def read_state(data_dir: str | os.PathLike) -> dict | None:

@@ -158,6 +158,17 @@ class MappedReader:
     def usable(self) -> bool:
         return not self._closed and self._failure is None
 
+    @property
+    def mapped_rows(self) -> np.ndarray:
+        """This rank's rows as a read-only ``[vocab_end - vocab_start, row_bytes]`` view of the
+        mapping (the native host node copies from it; holding it keeps the mapping alive)."""
+        self._check_usable()
+        return self._rows
+
+    def fileno(self) -> int:
+        self._check_usable()
+        return self._fd
+
     def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out[i]`` with the bytes of global row ``ids[i]`` (zero for other ranks' rows).
 

@@ -285,11 +285,18 @@ def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch, io, erro
     ("SGLANG_SSD_STREAM_PLE_GATHER", "zero-copy", "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d"),
     ("SGLANG_SSD_STREAM_READ_WORKERS", "0", "SGLANG_SSD_STREAM_READ_WORKERS=0 must be at least 1"),
     ("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", "-5", "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US=-5 must be at least 0"),
+    ("SGLANG_SSD_STREAM_HOST_NODE", "cffi", "SGLANG_SSD_STREAM_HOST_NODE='cffi': expected native or python"),
+    pytest.param("SGLANG_SSD_STREAM_HOST_NODE", "native+pread",
+                 "SGLANG_SSD_STREAM_HOST_NODE=native reads through a mapping of the table: it needs "
+                 "SGLANG_SSD_STREAM_IO=mmap", id="native-host-node-with-pread"),
 ])
 def test_bad_knob_values_stop_the_plugin_at_start(monkeypatch, name, value, message):
     """A bad value is refused when the plugin registers, not at the first request."""
     from sglang_ssd_stream import plugin
 
+    if value == "native+pread":
+        value = "native"
+        monkeypatch.setenv("SGLANG_SSD_STREAM_IO", "pread")
     monkeypatch.setenv(name, value)
     monkeypatch.setattr(plugin, "_registered", False)
     with pytest.raises(SystemExit, match=re.escape(message)):
@@ -321,24 +328,35 @@ def test_gather_inside_graph_capture_is_captured_not_refused(env, monkeypatch):
     assert emb._ssd_stream._pending is None  # nothing left for the consumer to wait on
 
 
-@pytest.mark.parametrize("value,expected", [(None, 500e-6), ("100", 100e-6), ("0", "unchanged")])
-def test_graph_reads_shorten_the_gil_switch_interval(env, monkeypatch, value, expected):
-    """Captured reads are host nodes that need the GIL: binding a sidecar for CUDA graphs sets the
-    switch interval (default 500 us; 0 leaves Python's)."""
+@pytest.mark.parametrize("host_node,io,interval,expected_node,expected_interval", [
+    (None, None, None, "native", "unchanged"),
+    (None, "pread", None, "python", 500e-6),
+    ("python", None, None, "python", 500e-6),
+    ("python", None, "100", "python", 100e-6),
+    ("python", None, "0", "python", "unchanged"),
+])
+def test_graph_reads_pick_their_host_node_and_gil_switch_interval(env, monkeypatch, host_node, io, interval,
+                                                                  expected_node, expected_interval):
+    """Captured reads are host nodes: native ones (the default with io=mmap) need no GIL and leave the
+    switch interval alone; Python ones (io=pread, or asked for) set it (default 500 us; 0 leaves Python's)."""
     from sglang_ssd_stream.ple.staging import SidecarGather
 
     original_init = SidecarGather.__init__
+    made = []
 
     def with_graph_slot(self, *a, **k):  # a CPU build has no graph slot; pretend graphs are on
         original_init(self, *a, **k)
         self.graph_rows = 16
+        made.append(self)
 
     monkeypatch.setattr(SidecarGather, "__init__", with_graph_slot)
     monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
-    if value is None:
-        monkeypatch.delenv("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", value)
+    for name, value in (("SGLANG_SSD_STREAM_HOST_NODE", host_node), ("SGLANG_SSD_STREAM_IO", io),
+                        ("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", interval)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.004)
     try:
@@ -347,7 +365,8 @@ def test_graph_reads_shorten_the_gil_switch_interval(env, monkeypatch, value, ex
         now = sys.getswitchinterval()
     finally:
         sys.setswitchinterval(before)
-    assert now == pytest.approx(0.004 if expected == "unchanged" else expected)
+    assert made and {g.host_node for g in made} == {expected_node}
+    assert now == pytest.approx(0.004 if expected_interval == "unchanged" else expected_interval)
 
 
 def test_conversion_kernel_matches_sglang_kernel_for_every_byte(env):

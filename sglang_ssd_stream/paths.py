@@ -1,0 +1,14 @@
+"""Where the kit keeps its own files on a machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOME_ENV = "SGLANG_SSD_STREAM_HOME"
+
+
+def data_dir() -> Path:
+    """``$SGLANG_SSD_STREAM_HOME``, default ``~/.cache/sglang-ssd-stream``: model snapshots and
+    their state (``update-model``), the native host-node library (``ple.native_read``)."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".cache" / "sglang-ssd-stream")

@@ -1,0 +1,203 @@
+/* The captured PLE sidecar read as a native CUDA host function: it never takes the GIL.
+ *
+ * A host node of a replayed CUDA graph runs on a CUDA driver thread. Written in Python (through a
+ * ctypes callback) it must first take the GIL, and behind an engine thread that runs Python it
+ * waited 1.1-1.7 ms per replay on the H200 even at a 500 us switch interval
+ * (benchmarks/sidecar/ple_captured_h200.json). This function does the same work in C: check the
+ * table, copy the rows of `ids` from this rank's read-only mapping into the pinned slot.
+ *
+ * Contract (the same as sidecar/mapped.py's MappedReader.read_rows): every id is checked before
+ * anything is written; rows of other tensor-parallel ranks are zero; a row of this rank is never
+ * returned as zeros. A failure cannot travel back through the driver, so it prints what failed
+ * and ends the process with exit code 70, as ple/hostfunc.py's fail_closed does. A media error
+ * under the mapping is a SIGBUS, as for the Python reader.
+ *
+ * Copying: warm rows cost a memcpy each, so rows are copied on the driver thread in chunks; the
+ * first chunk slower than `slow_row_s` per row is page-faulting, and the rest is split over
+ * `workers` threads so that many faults are in flight (the disk's queue depth).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SSD_ABI 1
+#define SSD_EXIT_CODE 70 /* EX_SOFTWARE, as ple/hostfunc.py */
+#define SSD_PROBE_ROWS 64
+#define SSD_MAX_WORKERS 256
+
+/* Mirrored field by field by ple/native_read.py (_Read); ssd_read_sizeof() guards the layout. */
+typedef struct {
+    const uint8_t *rows;  /* the mapping of this rank's rows [vocab_start, vocab_start + local_rows) */
+    int64_t local_rows;
+    int64_t vocab_start;
+    int64_t total_rows;   /* every id must lie in [0, total_rows) */
+    int64_t row_bytes;
+    int64_t table_bytes;  /* the manifest's size: a shorter file is refused before copying */
+    const int64_t *ids;   /* pinned: written by the captured D2H copy before this node runs */
+    uint8_t *out;         /* pinned staging slot, n x row_bytes */
+    int64_t n;
+    int64_t inline_rows;  /* rows per inline chunk while warm; 0: always threads */
+    double slow_row_s;
+    int32_t fd;
+    int32_t workers;
+    int32_t closed;       /* set by the owner before the mapping goes away */
+    int32_t reserved;
+    int64_t calls;        /* statistics, written only here */
+    int64_t threaded_rows;
+    char what[128];       /* what the error message calls this read */
+} ssd_read_t;
+
+typedef struct {
+    const ssd_read_t *r;
+    int64_t a, b;
+} ssd_span_t;
+
+static void die(const ssd_read_t *r, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr,
+            "sglang-ssd-stream: %s failed inside a CUDA stream/graph: %s\n"
+            "stopping this process: the step's rows were not read.\n",
+            r->what, msg);
+    fflush(stderr);
+    _exit(SSD_EXIT_CODE);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void copy_span(const ssd_read_t *r, int64_t a, int64_t b) {
+    const int64_t rb = r->row_bytes;
+    for (int64_t i = a; i < b; i++) {
+        const int64_t local = r->ids[i] - r->vocab_start;
+        uint8_t *dst = r->out + i * rb;
+        if (local < 0 || local >= r->local_rows)
+            memset(dst, 0, (size_t)rb); /* another rank's row */
+        else
+            memcpy(dst, r->rows + local * rb, (size_t)rb);
+    }
+}
+
+static void *copy_span_thread(void *arg) {
+    const ssd_span_t *s = (const ssd_span_t *)arg;
+    copy_span(s->r, s->a, s->b);
+    return NULL;
+}
+
+/* Split [a, n) over the workers; the calling thread copies the last span itself. */
+static void copy_threaded(const ssd_read_t *r, int64_t a, int64_t n) {
+    int64_t parts = r->workers < SSD_MAX_WORKERS ? r->workers : SSD_MAX_WORKERS;
+    if (parts > n - a) parts = n - a;
+    ssd_span_t spans[SSD_MAX_WORKERS];
+    pthread_t threads[SSD_MAX_WORKERS];
+    int started[SSD_MAX_WORKERS];
+    const int64_t step = (n - a + parts - 1) / parts;
+    int64_t k = 0;
+    for (int64_t lo = a; lo < n; lo += step, k++) {
+        spans[k].r = r;
+        spans[k].a = lo;
+        spans[k].b = lo + step < n ? lo + step : n;
+        started[k] = 0;
+    }
+    for (int64_t i = 0; i + 1 < k; i++) /* a thread that cannot start leaves its span to the loop below */
+        started[i] = pthread_create(&threads[i], NULL, copy_span_thread, &spans[i]) == 0;
+    copy_span(r, spans[k - 1].a, spans[k - 1].b);
+    for (int64_t i = 0; i + 1 < k; i++) {
+        if (started[i])
+            pthread_join(threads[i], NULL);
+        else
+            copy_span(r, spans[i].a, spans[i].b);
+    }
+}
+
+/* The host function: cuLaunchHostFunc(stream, ssd_read_rows, &read). */
+void ssd_read_rows(void *arg) {
+    ssd_read_t *r = (ssd_read_t *)arg;
+    if (r->closed)
+        die(r, "the sidecar reader was closed while a graph that reads it can still replay");
+    struct stat st;
+    if (fstat(r->fd, &st) != 0)
+        die(r, "cannot stat the PLE table: %s", strerror(errno));
+    if ((int64_t)st.st_size < r->table_bytes)
+        die(r, "SidecarTruncated: the PLE table is truncated: it has %lld bytes, expected %lld "
+               "(was it rewritten while the server runs?)",
+            (long long)st.st_size, (long long)r->table_bytes);
+    const int64_t n = r->n;
+    for (int64_t i = 0; i < n; i++) /* every id before any row is written */
+        if (r->ids[i] < 0 || r->ids[i] >= r->total_rows)
+            die(r, "SidecarRowOutOfRange: row id %lld at position %lld is outside the table [0, %lld)",
+                (long long)r->ids[i], (long long)i, (long long)r->total_rows);
+    int64_t a = 0;
+    if (r->workers <= 1) {
+        copy_span(r, 0, n);
+        a = n;
+    }
+    while (a < n && r->inline_rows > 0) {
+        const int64_t chunk = a == 0 && r->inline_rows > SSD_PROBE_ROWS ? SSD_PROBE_ROWS : r->inline_rows;
+        const int64_t b = a + chunk < n ? a + chunk : n;
+        const double t = now_s();
+        copy_span(r, a, b);
+        const int slow = now_s() - t > (double)(b - a) * r->slow_row_s;
+        a = b;
+        if (slow)
+            break; /* faulting: the rest goes to the threads, so the faults overlap */
+    }
+    if (a < n) {
+        copy_threaded(r, a, n);
+        r->threaded_rows += n - a;
+    }
+    r->calls += 1;
+}
+
+int ssd_abi(void) { return SSD_ABI; }
+
+size_t ssd_read_sizeof(void) { return sizeof(ssd_read_t); }
+
+/* Tests: run fn(arg) on a new thread, as the CUDA driver runs a host node, and set *done after. */
+typedef struct {
+    void (*fn)(void *);
+    void *arg;
+    int32_t *done;
+    pthread_t thread;
+} ssd_test_thread_t;
+
+static void *test_thread_main(void *p) {
+    ssd_test_thread_t *t = (ssd_test_thread_t *)p;
+    t->fn(t->arg);
+    __atomic_store_n(t->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+void *ssd_test_start(void (*fn)(void *), void *arg, int32_t *done) {
+    ssd_test_thread_t *t = (ssd_test_thread_t *)calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->fn = fn;
+    t->arg = arg;
+    t->done = done;
+    if (pthread_create(&t->thread, NULL, test_thread_main, t) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+int ssd_test_join(void *p) {
+    ssd_test_thread_t *t = (ssd_test_thread_t *)p;
+    const int rc = pthread_join(t->thread, NULL);
+    free(t);
+    return rc;
+}

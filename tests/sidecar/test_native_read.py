@@ -1,0 +1,201 @@
+"""The native host-node read (``ple/native_read.c``) on CPU: the same rows as the mapped reader,
+no GIL while it runs, a process exit with a message on every failure, and a build that refuses
+what it cannot compile or load."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import BF16_LAYER, FP8_LAYER
+from sglang_ssd_stream.ple import native_read
+from sglang_ssd_stream.ple.native_read import NativeBuildError, NativeRead
+from sglang_ssd_stream.sidecar import MappedReader, SidecarReader
+from test_build_and_read import _ids
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _own_library_cache(tmp_path_factory, monkeypatch):
+    """Every test session compiles the library itself, into a private cache."""
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path_factory.getbasetemp() / "kit-home"))
+
+
+@pytest.mark.parametrize("layer", [FP8_LAYER, BF16_LAYER])
+@pytest.mark.parametrize("workers,inline,slow,threaded", [
+    (1, 2048, 1e-6, "none"),  # one worker: one inline copy
+    (8, 2048, float("inf"), "none"),  # every chunk warm: inline in chunks
+    (8, 2048, 0.0, "after-probe"),  # every chunk "faulting": the 64-row probe inline, the rest on threads
+    (8, 0, 1e-6, "all"),  # inline off: all on threads
+])
+@pytest.mark.parametrize("rank", ["whole", "tp-middle"])
+def test_native_rows_equal_the_mapped_reader(big, layer, workers, inline, slow, threaded, rank):
+    _, result, ref = big
+    t = result.manifest.table(layer)
+    lo, hi = (0, t.rows) if rank == "whole" else (t.rows // 3, 2 * t.rows // 3)
+    ids = _ids(t.rows, t.row_bytes, 5000, seed=layer + workers)  # duplicates, first/last, page-straddling rows
+    ids[:4] = [lo, hi - 1, (lo - 1) % t.rows, hi % t.rows]  # this rank's edges and the rows just outside
+    expected = np.full((ids.size, t.row_bytes), 0xAB, np.uint8)
+    out = np.full((ids.size, t.row_bytes), 0xCD, np.uint8)
+    with MappedReader(t, vocab_start=lo, vocab_end=hi, max_rows=ids.size, workers=workers, inline_rows=inline) as r:
+        r.read_rows(ids, expected)
+        node = NativeRead(r, ids, out, what="test read", slow_row_s=slow)
+        node.run()
+        node.run()  # a graph replays: the same node again
+        stats = node.stats
+    assert np.array_equal(out, expected)
+    inside = (ids >= lo) & (ids < hi)
+    assert np.array_equal(out[inside], ref[layer][ids[inside]]) and not out[~inside].any()
+    assert inside.any() and (~inside).any() == (rank != "whole")
+    n = ids.size
+    assert stats == {"calls": 2, "threaded_rows": 2 * {"none": 0, "after-probe": n - 64, "all": n}[threaded]}
+
+
+def test_the_native_read_needs_no_gil(table, ref):
+    """The driver runs a host node on its own thread. While the engine's thread runs Python and never
+    lets go of the GIL, the native read finishes; a Python host node (the same work through a ctypes
+    callback) cannot even start until the GIL is released."""
+    import threading
+
+    ids = np.arange(table.rows - 1, -1, -7, dtype=np.int64)
+    out = np.zeros((ids.size, table.row_bytes), np.uint8)
+    with MappedReader(table, max_rows=ids.size, workers=2) as r:
+        node = NativeRead(r, ids, out, what="test read")
+        py_out = np.zeros_like(out)
+        callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: r.read_rows(ids, py_out))
+        results = {}
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(30.0)  # this thread keeps the GIL for the whole busy loop
+        try:
+            for name, fn, arg in (("native", node.function, node.argument),
+                                  ("python", ctypes.cast(callback, ctypes.c_void_p).value, None)):
+                done = ctypes.c_int32(0)
+                handle = node.lib.ssd_test_start(fn, arg, ctypes.addressof(done))
+                assert handle
+                end = time.perf_counter() + (5.0 if name == "native" else 0.5)
+                while time.perf_counter() < end and not done.value:  # pure Python: the GIL is never released
+                    pass
+                results[name] = bool(done.value)
+                assert node.lib.ssd_test_join(handle) == 0  # ctypes releases the GIL here: the callback runs
+                assert done.value == 1
+        finally:
+            sys.setswitchinterval(interval)
+        assert threading.active_count() >= 1
+    assert results == {"native": True, "python": False}
+    assert np.array_equal(out, ref[ids]) and np.array_equal(py_out, ref[ids])
+
+
+_FAILING = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from sglang_ssd_stream.sidecar import load_manifest, MappedReader
+    from sglang_ssd_stream.ple.native_read import NativeRead
+    t = load_manifest(sys.argv[1]).tables[0]
+    case = sys.argv[2]
+    ids = np.array([0, 5, t.rows - 1] + ([t.rows] if case == "out-of-table" else []), dtype=np.int64)
+    out = np.zeros((ids.size, t.row_bytes), np.uint8)
+    r = MappedReader(t, max_rows=8, workers=1)
+    node = NativeRead(r, ids, out, what="PLE layer 2 sidecar read")
+    node.run()
+    print("FIRST", out[:3].any())
+    if case == "truncated":
+        with open(t.file, "r+b") as f:
+            f.truncate(4096)
+    if case == "closed":
+        node.close()
+    node.run()
+    print("CONTINUED")
+""")
+
+
+@pytest.mark.parametrize("case,message", [
+    ("truncated", "SidecarTruncated: the PLE table is truncated: it has 4096 bytes, expected 800480"),
+    ("out-of-table", "SidecarRowOutOfRange: row id 5003 at position 3 is outside the table [0, 5003)"),
+    ("closed", "the sidecar reader was closed while a graph that reads it can still replay"),
+])
+def test_a_failing_native_read_ends_the_process_with_a_message(small, tmp_path, case, message):
+    _, art = small
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    proc = subprocess.run([sys.executable, "-c", _FAILING, str(art), case], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == native_read.EXIT_CODE, proc.stderr
+    assert "CONTINUED" not in proc.stdout
+    assert ("FIRST True" in proc.stdout) == (case != "out-of-table")  # an id outside the table: nothing read at all
+    assert f"sglang-ssd-stream: PLE layer 2 sidecar read failed inside a CUDA stream/graph: {message}" in proc.stderr
+    assert "stopping this process: the step's rows were not read." in proc.stderr
+
+
+def test_native_read_refuses_the_pread_reader_and_bad_buffers(table):
+    ids = np.zeros(4, np.int64)
+    with SidecarReader(table, max_rows=4) as r, pytest.raises(TypeError, match="reads through a mapping"):
+        NativeRead(r, ids, np.zeros((4, table.row_bytes), np.uint8), what="x")
+    with MappedReader(table, max_rows=4, workers=1) as r:
+        with pytest.raises(ValueError, match="ids must be a contiguous 1-D int64"):
+            NativeRead(r, ids.astype(np.int32), np.zeros((4, table.row_bytes), np.uint8), what="x")
+        with pytest.raises(ValueError, match=r"out must be contiguous uint8 \[4, 160\]"):
+            NativeRead(r, ids, np.zeros((4, table.row_bytes + 1), np.uint8), what="x")
+
+
+# ----------------------------------------------------------------------------- build
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """No library loaded and an empty cache."""
+    monkeypatch.setattr(native_read, "_lib", None)
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def test_build_once_then_reuse(fresh):
+    path = native_read.build()
+    assert path.is_file() and path.is_relative_to(fresh / "home" / "native")
+    stamp = path.stat().st_mtime_ns
+    assert native_read.build() == path and path.stat().st_mtime_ns == stamp
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".build-")] == []
+    assert native_read.load().ssd_abi() == native_read.ABI
+
+
+@pytest.mark.parametrize("cc,message", [
+    ("false", "compiling the native host-node library failed (false -O2"),
+    ("/nonexistent/cc", "cannot run the C compiler (/nonexistent/cc -O2"),
+])
+def test_a_machine_without_a_working_compiler_is_refused_with_the_way_out(fresh, monkeypatch, cc, message):
+    monkeypatch.setenv("CC", cc)
+    with pytest.raises(NativeBuildError) as err:
+        native_read.load()
+    assert message in str(err.value) and "SGLANG_SSD_STREAM_HOST_NODE=python" in str(err.value)
+    assert not native_read.library_path().exists()
+    assert [p for p in native_read.library_path().parent.iterdir() if p.name != ".lock"] == []  # no temp left
+
+
+def test_a_library_of_another_layout_is_refused(fresh, monkeypatch):
+    """A library in the cache whose struct differs from ours would read garbage: refused at load."""
+    other = fresh / "other.c"
+    other.write_text(native_read.SOURCE.read_text().replace("char what[128];", "char what[64];"))
+    path = native_read.library_path()
+    path.parent.mkdir(parents=True)
+    subprocess.run([*native_read.compiler(), *native_read.CFLAGS, "-o", str(path), str(other)], check=True)
+    with pytest.raises(NativeBuildError, match=r"struct size 184, expected 1 / 248; delete it to rebuild"):
+        native_read.load()
+
+
+def test_an_unwritable_cache_is_refused(fresh, monkeypatch):
+    if os.geteuid() == 0:
+        blocked = fresh / "file"
+        blocked.write_text("")
+        monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(blocked / "home"))  # below a file: fails even as root
+    else:
+        (fresh / "ro").mkdir(mode=0o500)
+        monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(fresh / "ro" / "home"))
+    with pytest.raises(NativeBuildError, match="set SGLANG_SSD_STREAM_HOME to a writable directory"):
+        native_read.build()

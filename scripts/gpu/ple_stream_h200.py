@@ -7,9 +7,10 @@ Self-contained for a machine with torch + triton and NO sglang: sglang's
 
 Checks (each recorded in the JSON; the script exits 1 if any fails):
 - the same under a graph captured the way sglang captures a decode step: ids computed inside the
-  graph, the read a host node (``SidecarGather.capture``), replayed with new inputs and no host
-  call in between; and how long such a replay takes when the main thread runs Python meanwhile
-  (the host node needs the GIL);
+  graph, the read a host node (``SidecarGather.capture``; ``--host-node native,python``: the C
+  host function or the Python one), replayed with new inputs and no host call in between; and how
+  long such a replay takes when the main thread runs Python meanwhile (a Python host node needs
+  the GIL, a native one does not);
 - streamed gather (``SidecarGather`` over both readers, ``--io mmap,pread``; modes ``uva`` and
   ``h2d``; fp8 and bf16 tables; a TP range so some rows are another rank's) == sglang's kernel
   over the whole table in pinned RAM,
@@ -168,6 +169,11 @@ def time_ms(fn, reps: int, before=None) -> list[float]:
     return out
 
 
+def host_nodes(args, io: str) -> list[str]:
+    """The host nodes to run for reader ``io``: the native one reads through the mapping only."""
+    return [h for h in args.host_node if h == "python" or io == "mmap"]
+
+
 def check_bitexact(kernel, tables, args, results) -> bool:
     ok = True
     side = torch.cuda.Stream()
@@ -194,10 +200,13 @@ def check_bitexact(kernel, tables, args, results) -> bool:
                 torch.cuda.current_stream().wait_stream(side)
                 eager = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                 graph = _graph_check(g, base, ids, n)
-                captured = _captured_read_check(g, base, rows, lo, hi, n)
+                captured = {}
+                for node in host_nodes(args, io):
+                    g.host_node = node  # read at capture time
+                    captured[node] = _captured_read_check(g, base, rows, lo, hi, n)
                 results.append({"dtype": dtype, "io": io, "mode": mode, "rows": n, "eager_bitexact": eager,
                                 "graph_bitexact": graph, "captured_read_bitexact": captured})
-                ok &= eager and graph and captured
+                ok &= eager and graph and all(captured.values())
             g.close()
     return ok
 
@@ -279,19 +288,22 @@ def _captured_read_check(g: SidecarGather, base: Sglang, rows: int, lo: int, hi:
 
 
 def captured_latency(g: SidecarGather, rows: int, n: int, reps: int, busy_ms: float,
-                     switch_interval_s: float | None = None) -> dict:
+                     switch_interval_s: float | None = None, cold_path: Path | None = None) -> dict:
     """GPU time of a captured gather replay when the main thread waits (GIL released) vs when it
-    runs Python for ``busy_ms`` right after the replay (the host node then waits for the GIL)."""
+    runs Python for ``busy_ms`` right after the replay (a Python host node then waits for the GIL);
+    with ``cold_path``, also idle with that table dropped from the page cache before each replay."""
     graph, inp, _ = _captured_graph(g, rows, n)
     inp.copy_(torch.from_numpy(np.random.default_rng(3).integers(0, rows, n)))
     res = {}
-    for how in ("idle", "python_busy"):
+    for how in ("idle", "python_busy", *(("cold_idle",) if cold_path else ())):
         if how == "python_busy" and switch_interval_s is not None:
             old_interval = sys.getswitchinterval()
             sys.setswitchinterval(switch_interval_s)
         times = []
         for _ in range(reps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if how == "cold_idle":
+                drop_cache(cold_path, [g])
             torch.cuda.synchronize()
             a.record()
             graph.replay()
@@ -465,6 +477,15 @@ def overlap(kernel, path, rows, pinned, args) -> list[dict]:
     return out_rows
 
 
+def _compiler_version() -> str:
+    import subprocess
+
+    from sglang_ssd_stream.ple import native_read
+
+    out = subprocess.run([*native_read.compiler(), "--version"], capture_output=True, text=True).stdout
+    return f"{' '.join(native_read.compiler())}: {out.splitlines()[0] if out else '?'}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--qwen4-exp", required=True, type=Path, help="a copy of sglang 0.5.23 srt/models/qwen4_exp.py")
@@ -472,6 +493,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table-gib", type=float, default=8.0, help="fp8 table size for the timing runs")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--io", default="mmap,pread", type=lambda v: v.split(","), help="readers to run (comma list)")
+    ap.add_argument("--host-node", default="native,python", type=lambda v: v.split(","),
+                    help="captured-read host nodes to run (comma list; native runs with io=mmap only)")
     ap.add_argument("--prefill-layer-ms", type=float, default=2.0, help="simulated decoder layer, 2,048-token chunk")
     ap.add_argument("--decode-layer-ms", type=float, default=0.25, help="simulated decoder layer, decode step")
     ap.add_argument("--reps", type=int, default=9)
@@ -509,33 +532,41 @@ def main(argv=None) -> int:
     timings = [] if args.skip_timing or args.skip_overlap else overlap(kernel, fp8, rows8, tables["float8_e4m3fn"][3], args)
     decode_graphs = []
     if not args.skip_timing and not args.skip_decode_graphs:
-        reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), args.io[0], max_rows=4096, workers=args.workers)
-        g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
-        for n in (16, 64, 256, 1024):
-            row = {"io": args.io[0], **captured_overlap(kernel, g, tables["float8_e4m3fn"][3], rows8, n,
-                                                        args.decode_layer_ms, args.reps)}
-            decode_graphs.append(row)
-            print(f"decode graph {n:5d} rows: layer {row['layer_only_ms']:.3f} ms, exposed sglang "
-                  f"{row['sglang_pinned_uva_exposed_ms']:.3f} ms, sidecar {row['sidecar_exposed_ms']:.3f} ms", flush=True)
-        g.close()
+        for node in host_nodes(args, args.io[0]):
+            reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), args.io[0], max_rows=4096, workers=args.workers)
+            g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096,
+                              host_node=node)
+            for n in (16, 64, 256, 1024):
+                row = {"io": args.io[0], "host_node": node,
+                       **captured_overlap(kernel, g, tables["float8_e4m3fn"][3], rows8, n, args.decode_layer_ms,
+                                          args.reps)}
+                decode_graphs.append(row)
+                print(f"decode graph {node:6s} {n:5d} rows: layer {row['layer_only_ms']:.3f} ms, exposed sglang "
+                      f"{row['sglang_pinned_uva_exposed_ms']:.3f} ms, sidecar {row['sidecar_exposed_ms']:.3f} ms",
+                      flush=True)
+            g.close()
     latency = []
     if not args.skip_timing and not args.skip_latency:
-        for io in args.io:
+        for io, node in [(io, node) for io in args.io for node in host_nodes(args, io)]:
             reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), io, max_rows=4096, workers=args.workers)
-            g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
+            g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096,
+                              host_node=node)
             for n in (16, 256, 4096):
                 for interval in (None, 5e-4, 1e-4):  # None: Python's default (5 ms)
-                    row = {"io": io, **captured_latency(g, rows8, n, args.reps, busy_ms=20.0,
-                                                        switch_interval_s=interval)}
+                    row = {"io": io, "host_node": node, **captured_latency(
+                        g, rows8, n, args.reps, busy_ms=20.0, switch_interval_s=interval,
+                        cold_path=fp8 if interval is None else None)}
                     latency.append(row)
-                    print(f"captured read {io} {n:5d} rows: idle {row['idle_ms']:.3f} ms, python-busy main thread "
-                          f"{row['python_busy_ms']:.3f} ms (switch interval {row['switch_interval_ms']:.2f} ms)",
-                          flush=True)
+                    cold = f", cold {row['cold_idle_ms']:.3f} ms" if "cold_idle_ms" in row else ""
+                    print(f"captured read {io} {node:6s} {n:5d} rows: idle {row['idle_ms']:.3f} ms, python-busy main "
+                          f"thread {row['python_busy_ms']:.3f} ms (switch interval {row['switch_interval_ms']:.2f} ms)"
+                          f"{cold}", flush=True)
             g.close()
     result = {
         "command": shlex.join(["python", *sys.argv]),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "cpus": os.cpu_count(), "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        "host_nodes": args.host_node, "native_compiler": _compiler_version() if "native" in args.host_node else None,
         "table": {"fp8_rows": rows8, "bf16_rows": rows16, "row_bytes_fp8": COLS},
         "sglang_kernel_sha_of_source": __import__("hashlib").sha256(kernel_src.encode()).hexdigest(),
         "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "captured_read_latency": latency, "decode_graph_overlap": decode_graphs, "seconds": time.time() - t0,

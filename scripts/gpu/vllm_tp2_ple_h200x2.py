@@ -14,8 +14,10 @@ Checks (exit 1 if one fails), for random ids, ids at the shard boundary, and dup
 - CUDA-graph replay: a graph holding the NCCL all-reduce and a consumer is replayed after our
   lookup ran eagerly into its input buffer (as vLLM's breakable graphs run it); same result.
 - ``--with-sglang``: SGLang's side (``--src`` also holds ``sglang_vocab_parallel_embedding.py``). Its
-  first run on the H200x2 hung (no output within 330 s; not yet diagnosed; ``--watchdog-s`` makes the
-  ranks dump their stacks). What it checks: ranges from sglang's
+  first run on the H200x2 (Python host nodes, no progress output) hung: no output within 330 s, not
+  yet diagnosed. Each rank now prints every step and keeps ``sglang-tp2/sglang-rank{r}.partial.json``
+  beside ``--out`` up to date; ``--watchdog-s`` makes the ranks dump their stacks; ``--host-node``
+  picks the captured read (native first by default). What it checks: ranges from sglang's
   arithmetic, rows through our ``SidecarGather`` (BF16), a BF16 NCCL all-reduce, on a table without
   NaN and -0.0 bytes; eager, and a CUDA graph capturing the read as a host node plus the all-reduce,
   replayed with new ids.
@@ -255,15 +257,25 @@ def sglang_rank_main(rank: int, world: int, args) -> None:
     n = 512 if args.quick else TOKENS * HEADS
     raw = np.fromfile(table.file, dtype=np.uint8).reshape(table.rows, ROW_BYTES)
     result = {"rank": rank, "range": [lo, hi], "checks": {}}
-    for mode in ("h2d", "uva"):
+    partial = Path(args.out_dir, f"sglang-rank{rank}.partial.json")
+
+    def step(what: str) -> None:  # progress that survives a hang: the log line and the partial file
+        print(f"[sglang rank {rank}] {what}", flush=True)
+        partial.write_text(json.dumps({**result, "last_step": what}))
+
+    for mode, node in [(m, h) for h in args.host_node for m in ("h2d", "uva")]:
+        step(f"{mode}/{node}: open")
         g = SidecarGather(open_reader(table, "mmap", vocab_start=lo, vocab_end=hi, max_rows=n, workers=16),
-                          columns=ROW_BYTES, is_fp8=True, capacity_rows=n, device=device, mode=mode, graph_rows=n)
+                          columns=ROW_BYTES, is_fp8=True, capacity_rows=n, device=device, mode=mode, graph_rows=n,
+                          host_node=node)
+        mode = f"{mode}_{node}"
         truth = {}
         for name, ids in cases(table.rows, bounds, n).items():
             want = torch.from_numpy(raw[ids]).to(device).view(torch.float8_e4m3fn).to(torch.bfloat16)
             truth[name] = (torch.from_numpy(ids).to(device), want)
         out = torch.empty((n, ROW_BYTES), dtype=torch.bfloat16, device=device)
         for name, (ids, want) in truth.items():
+            step(f"{mode}: eager {name}")
             out.fill_(7.0)
             g.begin(ids, out, torch.cuda.current_stream(device))
             g.wait()
@@ -277,6 +289,7 @@ def sglang_rank_main(rank: int, world: int, args) -> None:
         st = torch.cuda.Stream(device)
         st.wait_stream(torch.cuda.current_stream(device))
         graph = torch.cuda.CUDAGraph()
+        step(f"{mode}: capture")
         with torch.cuda.stream(st):
             if world > 1:
                 dist.all_reduce(buf)  # warm NCCL on this stream before capture
@@ -287,13 +300,15 @@ def sglang_rank_main(rank: int, world: int, args) -> None:
                 consumed.copy_(buf)
         torch.cuda.current_stream(device).wait_stream(st)
         ok = True
-        for ids, want in truth.values():
+        for name, (ids, want) in truth.items():
+            step(f"{mode}: replay {name}")
             inp.copy_(ids)
             graph.replay()
             torch.cuda.synchronize(device)
             ok &= torch.equal(consumed.view(torch.int16), want.view(torch.int16))
         result["checks"][f"sglang_{mode}_graph_host_node"] = ok
         g.close()
+    step("done")
     Path(args.out_dir, f"sglang-rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
@@ -303,7 +318,8 @@ def spawn_sglang(world: int, args) -> list[dict]:
     import torch.multiprocessing as mp
 
     args.port = free_port()
-    args.out_dir = tempfile.mkdtemp(prefix=f"sglang-tp{world}-")
+    args.out_dir = str(Path(args.out).parent / f"sglang-tp{world}")  # beside the report: partial files survive a hang
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     mp.start_processes(sglang_rank_main, args=(world, args), nprocs=world, start_method="spawn")
     return [json.loads(Path(args.out_dir, f"sglang-rank{r}.json").read_text()) for r in range(world)]
 
@@ -336,6 +352,8 @@ def main(argv=None) -> int:
     ap.add_argument("--with-sglang", action="store_true",
                     help="also the SGLang-side (SidecarGather) TP check: NOT yet proven, its first run hung")
     ap.add_argument("--watchdog-s", type=float, default=0, help="SGLang ranks dump their stacks and exit after this")
+    ap.add_argument("--host-node", default="native,python", type=lambda v: v.split(","),
+                    help="SGLang check: captured-read host nodes, in this order (comma list)")
     ap.add_argument("--sglang-table-gib", type=float, default=1.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)

@@ -290,12 +290,13 @@ def _captured_read_check(g: SidecarGather, base: Sglang, rows: int, lo: int, hi:
 def captured_latency(g: SidecarGather, rows: int, n: int, reps: int, busy_ms: float,
                      switch_interval_s: float | None = None, cold_path: Path | None = None) -> dict:
     """GPU time of a captured gather replay when the main thread waits (GIL released) vs when it
-    runs Python for ``busy_ms`` right after the replay (a Python host node then waits for the GIL);
+    runs Python for ``busy_ms`` right after the replay (a Python host node then waits for the GIL) vs
+    when it sleeps that long (no GIL held, and no thread waiting inside CUDA);
     with ``cold_path``, also idle with that table dropped from the page cache before each replay."""
     graph, inp, _ = _captured_graph(g, rows, n)
     inp.copy_(torch.from_numpy(np.random.default_rng(3).integers(0, rows, n)))
     res = {}
-    for how in ("idle", "python_busy", *(("cold_idle",) if cold_path else ())):
+    for how in ("idle", "python_busy", "sleeping", *(("cold_idle",) if cold_path else ())):
         if how == "python_busy" and switch_interval_s is not None:
             old_interval = sys.getswitchinterval()
             sys.setswitchinterval(switch_interval_s)
@@ -313,6 +314,8 @@ def captured_latency(g: SidecarGather, rows: int, n: int, reps: int, busy_ms: fl
                 x = 0
                 while time.perf_counter() < end:
                     x += 1
+            elif how == "sleeping":  # neither holding the GIL nor waiting in a CUDA call
+                time.sleep(busy_ms / 1e3)
             torch.cuda.synchronize()
             times.append(a.elapsed_time(b))
         res[f"{how}_ms"] = statistics.median(times)

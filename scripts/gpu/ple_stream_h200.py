@@ -562,7 +562,8 @@ def main(argv=None) -> int:
                     latency.append(row)
                     cold = f", cold {row['cold_idle_ms']:.3f} ms" if "cold_idle_ms" in row else ""
                     print(f"captured read {io} {node:6s} {n:5d} rows: idle {row['idle_ms']:.3f} ms, python-busy main "
-                          f"thread {row['python_busy_ms']:.3f} ms (switch interval {row['switch_interval_ms']:.2f} ms)"
+                          f"thread {row['python_busy_ms']:.3f} ms, sleeping {row['sleeping_ms']:.3f} ms (switch interval "
+                          f"{row['switch_interval_ms']:.2f} ms)"
                           f"{cold}", flush=True)
             g.close()
     result = {

@@ -7,10 +7,9 @@ Self-contained for a machine with torch + triton and NO sglang: sglang's
 
 Checks (each recorded in the JSON; the script exits 1 if any fails):
 - the same under a graph captured the way sglang captures a decode step: ids computed inside the
-  graph, the read a host node (``SidecarGather.capture``; ``--host-node native,python``: the C
-  host function or the Python one), replayed with new inputs and no host call in between; and how
-  long such a replay takes when the main thread runs Python meanwhile (a Python host node needs
-  the GIL, a native one does not);
+  graph, the read a native host node (``SidecarGather.capture``), replayed with new inputs and no
+  host call in between; and how long such a replay takes when the main thread waits, runs Python
+  or sleeps meanwhile, and cold;
 - streamed gather (``SidecarGather`` over both readers, ``--io mmap,pread``; modes ``uva`` and
   ``h2d``; fp8 and bf16 tables; a TP range so some rows are another rank's) == sglang's kernel
   over the whole table in pinned RAM,
@@ -169,11 +168,6 @@ def time_ms(fn, reps: int, before=None) -> list[float]:
     return out
 
 
-def host_nodes(args, io: str) -> list[str]:
-    """The host nodes to run for reader ``io``: the native one reads through the mapping only."""
-    return [h for h in args.host_node if h == "python" or io == "mmap"]
-
-
 def check_bitexact(kernel, tables, args, results) -> bool:
     ok = True
     side = torch.cuda.Stream()
@@ -200,13 +194,10 @@ def check_bitexact(kernel, tables, args, results) -> bool:
                 torch.cuda.current_stream().wait_stream(side)
                 eager = torch.equal(out.view(torch.int16), ref.view(torch.int16))
                 graph = _graph_check(g, base, ids, n)
-                captured = {}
-                for node in host_nodes(args, io):
-                    g.host_node = node  # read at capture time
-                    captured[node] = _captured_read_check(g, base, rows, lo, hi, n)
+                captured = _captured_read_check(g, base, rows, lo, hi, n)
                 results.append({"dtype": dtype, "io": io, "mode": mode, "rows": n, "eager_bitexact": eager,
                                 "graph_bitexact": graph, "captured_read_bitexact": captured})
-                ok &= eager and graph and all(captured.values())
+                ok &= eager and graph and captured
             g.close()
     return ok
 
@@ -496,8 +487,6 @@ def main(argv=None) -> int:
     ap.add_argument("--table-gib", type=float, default=8.0, help="fp8 table size for the timing runs")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--io", default="mmap,pread", type=lambda v: v.split(","), help="readers to run (comma list)")
-    ap.add_argument("--host-node", default="native,python", type=lambda v: v.split(","),
-                    help="captured-read host nodes to run (comma list; native runs with io=mmap only)")
     ap.add_argument("--prefill-layer-ms", type=float, default=2.0, help="simulated decoder layer, 2,048-token chunk")
     ap.add_argument("--decode-layer-ms", type=float, default=0.25, help="simulated decoder layer, decode step")
     ap.add_argument("--reps", type=int, default=9)
@@ -535,33 +524,27 @@ def main(argv=None) -> int:
     timings = [] if args.skip_timing or args.skip_overlap else overlap(kernel, fp8, rows8, tables["float8_e4m3fn"][3], args)
     decode_graphs = []
     if not args.skip_timing and not args.skip_decode_graphs:
-        for node in host_nodes(args, args.io[0]):
-            reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), args.io[0], max_rows=4096, workers=args.workers)
-            g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096,
-                              host_node=node)
-            for n in (16, 64, 256, 1024):
-                row = {"io": args.io[0], "host_node": node,
-                       **captured_overlap(kernel, g, tables["float8_e4m3fn"][3], rows8, n, args.decode_layer_ms,
-                                          args.reps)}
-                decode_graphs.append(row)
-                print(f"decode graph {node:6s} {n:5d} rows: layer {row['layer_only_ms']:.3f} ms, exposed sglang "
-                      f"{row['sglang_pinned_uva_exposed_ms']:.3f} ms, sidecar {row['sidecar_exposed_ms']:.3f} ms",
-                      flush=True)
-            g.close()
+        reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), args.io[0], max_rows=4096, workers=args.workers)
+        g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
+        for n in (16, 64, 256, 1024):
+            row = {"io": args.io[0], **captured_overlap(kernel, g, tables["float8_e4m3fn"][3], rows8, n,
+                                                        args.decode_layer_ms, args.reps)}
+            decode_graphs.append(row)
+            print(f"decode graph {n:5d} rows: layer {row['layer_only_ms']:.3f} ms, exposed sglang "
+                  f"{row['sglang_pinned_uva_exposed_ms']:.3f} ms, sidecar {row['sidecar_exposed_ms']:.3f} ms", flush=True)
+        g.close()
     latency = []
     if not args.skip_timing and not args.skip_latency:
-        for io, node in [(io, node) for io in args.io for node in host_nodes(args, io)]:
+        for io in args.io:
             reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), io, max_rows=4096, workers=args.workers)
-            g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096,
-                              host_node=node)
+            g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
             for n in (16, 256, 4096):
                 for interval in (None, 5e-4, 1e-4):  # None: Python's default (5 ms)
-                    row = {"io": io, "host_node": node, **captured_latency(
-                        g, rows8, n, args.reps, busy_ms=20.0, switch_interval_s=interval,
-                        cold_path=fp8 if interval is None else None)}
+                    row = {"io": io, **captured_latency(g, rows8, n, args.reps, busy_ms=20.0, switch_interval_s=interval,
+                                                        cold_path=fp8 if interval is None else None)}
                     latency.append(row)
                     cold = f", cold {row['cold_idle_ms']:.3f} ms" if "cold_idle_ms" in row else ""
-                    print(f"captured read {io} {node:6s} {n:5d} rows: idle {row['idle_ms']:.3f} ms, python-busy main "
+                    print(f"captured read {io} {n:5d} rows: idle {row['idle_ms']:.3f} ms, python-busy main "
                           f"thread {row['python_busy_ms']:.3f} ms, sleeping {row['sleeping_ms']:.3f} ms (switch interval "
                           f"{row['switch_interval_ms']:.2f} ms)"
                           f"{cold}", flush=True)
@@ -570,7 +553,7 @@ def main(argv=None) -> int:
         "command": shlex.join(["python", *sys.argv]),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "cpus": os.cpu_count(), "switch_interval_ms": sys.getswitchinterval() * 1e3,
-        "host_nodes": args.host_node, "native_compiler": _compiler_version() if "native" in args.host_node else None,
+        "native_compiler": _compiler_version(),
         "table": {"fp8_rows": rows8, "bf16_rows": rows16, "row_bytes_fp8": COLS},
         "sglang_kernel_sha_of_source": __import__("hashlib").sha256(kernel_src.encode()).hexdigest(),
         "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "captured_read_latency": latency, "decode_graph_overlap": decode_graphs, "seconds": time.time() - t0,

@@ -28,11 +28,10 @@ GATHER_MODE_ENV = "SGLANG_SSD_STREAM_PLE_GATHER"  # h2d (default) | uva
 DEFAULT_GATHER_MODE = "h2d"
 WORKERS_ENV = "SGLANG_SSD_STREAM_READ_WORKERS"
 IO_ENV = "SGLANG_SSD_STREAM_IO"  # mmap (default) | pread
-HOST_NODE_ENV = "SGLANG_SSD_STREAM_HOST_NODE"  # native (default with io=mmap) | python
-SWITCH_INTERVAL_ENV = "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US"  # GIL switch interval for Python host nodes; 0: Python's
-# A Python host node needs the GIL; with Python's 5 ms switch interval it waited 6-12 ms behind a busy main thread
-# on the H200, with 500 us 1.1-1.7 ms (benchmarks/sidecar/ple_captured_h200.json). A native one needs no GIL.
-DEFAULT_SWITCH_INTERVAL_US = 500
+# Knobs of earlier versions: refused at start, so nobody believes they still act.
+RETIRED_ENV = {
+    "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US": "reads captured in CUDA graphs are native host nodes now and need no GIL",
+}
 MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_WORKERS = 16
@@ -146,18 +145,6 @@ def graphs_enabled() -> bool:
     return not getattr(args, "disable_cuda_graph", False)
 
 
-def apply_switch_interval() -> float | None:
-    """Shorten the GIL switch interval for captured sidecar reads; returns the new value in seconds
-    (None when the knob is 0)."""
-    import sys
-
-    us = env_int(SWITCH_INTERVAL_ENV, DEFAULT_SWITCH_INTERVAL_US, lo=0)
-    if us == 0:
-        return None
-    sys.setswitchinterval(us / 1e6)
-    return sys.getswitchinterval()
-
-
 def io_mode() -> str:
     from ..sidecar import IO_MODES
 
@@ -167,27 +154,14 @@ def io_mode() -> str:
     return mode
 
 
-def host_node() -> str:
-    """How captured reads run: ``native`` (C, no GIL; the default with ``io=mmap``, which it reads
-    through) or ``python`` (the default with ``io=pread``)."""
-    io = io_mode()
-    raw = os.environ.get(HOST_NODE_ENV)
-    if raw is None:
-        return "native" if io == "mmap" else "python"
-    if raw not in ("native", "python"):
-        raise ValueError(f"{HOST_NODE_ENV}={raw!r}: expected native or python")
-    if raw == "native" and io != "mmap":
-        raise ValueError(f"{HOST_NODE_ENV}=native reads through a mapping of the table: it needs {IO_ENV}=mmap, "
-                         f"not {io!r}")
-    return raw
-
-
 def validate_env() -> None:
     """Refuse bad knob values when the plugin starts rather than at the first model load."""
-    host_node()
+    for name, why in RETIRED_ENV.items():
+        if name in os.environ:
+            raise ValueError(f"{name} is no longer used ({why}); unset it")
+    io_mode()
     gather_mode()
     env_int(WORKERS_ENV, DEFAULT_WORKERS)
-    env_int(SWITCH_INTERVAL_ENV, DEFAULT_SWITCH_INTERVAL_US, lo=0)
     if os.environ.get(MAX_TOKENS_ENV):
         env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
 

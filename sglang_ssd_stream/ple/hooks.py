@@ -135,7 +135,7 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
 
     rows = rows_for_tokens(config.max_tokens())
     workers = config.env_int(config.WORKERS_ENV, config.DEFAULT_WORKERS)
-    mode, io, host_node = config.gather_mode(), config.io_mode(), config.host_node()
+    mode, io = config.gather_mode(), config.io_mode()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     bound = {}
     for name, mod in model.named_modules():
@@ -156,21 +156,17 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
         reader = open_reader(table, io, vocab_start=lo, vocab_end=hi, max_rows=rows, workers=workers)
         emb._ssd_stream = SidecarGather(reader, columns=emb.embedding_dim,
                                         is_fp8=emb.weight.dtype == torch.float8_e4m3fn, capacity_rows=rows,
-                                        device=device, mode=mode, graph_rows=rows if config.graphs_enabled() else 0,
-                                        host_node=host_node)
+                                        device=device, mode=mode, graph_rows=rows if config.graphs_enabled() else 0)
         emb._ssd_stream_layer = layer
         bound[layer] = emb
         log.info("PLE layer %d: sidecar %s rows [%d, %d), %s reads x %d, %s, working set %.1f MiB", layer, table.file,
                  lo, hi, io, workers, mode, emb._ssd_stream.working_set_bytes / 2**20)
     if not bound:
         raise SidecarHookError(f"a PLE sidecar is configured ({sidecar.manifest.path}) but the model has no PLE layer")
-    if any(e._ssd_stream.graph_rows for e in bound.values()):  # decode graphs will read through host nodes
-        if host_node == "python":  # these wait for the GIL at every replay
-            interval = config.apply_switch_interval()
-            log.info("PLE sidecar under CUDA graphs: Python host nodes, GIL switch interval %s (%s)",
-                     "unchanged" if interval is None else f"{interval * 1e6:.0f} us", config.SWITCH_INTERVAL_ENV)
-        else:
-            log.info("PLE sidecar under CUDA graphs: native host nodes (%s)", config.HOST_NODE_ENV)
+    if any(e._ssd_stream.graph_rows for e in bound.values()):
+        from .native_read import library_path
+
+        log.info("PLE sidecar under CUDA graphs: reads captured as native host nodes (%s)", library_path())
     return bound
 
 

@@ -1,20 +1,24 @@
-/* The captured PLE sidecar read as a native CUDA host function: it never takes the GIL.
+/* The captured PLE sidecar read as a native CUDA host function: no Python, no GIL, no CUDA call.
  *
- * A host node of a replayed CUDA graph runs on a CUDA driver thread. Written in Python (through a
- * ctypes callback) it must first take the GIL, and behind an engine thread that runs Python it
- * waited 1.1-1.7 ms per replay on the H200 even at a 500 us switch interval
- * (benchmarks/sidecar/ple_captured_h200.json). This function does the same work in C: check the
- * table, copy the rows of `ids` from this rank's read-only mapping into the pinned slot.
+ * A host node of a replayed CUDA graph runs on a CUDA driver thread and must not call CUDA.
+ * Written in Python (a ctypes callback) it broke both rules: it waited for the GIL behind any
+ * thread running Python (1.0-4.1 ms per replay on the H200 at a 500 us switch interval), and a
+ * garbage collection that ran inside it freed a CUDA tensor, whose destructor called CUDA: the
+ * process aborted with "operation not permitted" (benchmarks/sidecar/ple_native_sleep_h200.log).
+ * This function does the work in C: check the table, then copy the rows of `ids` into the pinned
+ * slot, from this rank's read-only mapping (io=mmap) or with pread (io=pread).
  *
- * Contract (the same as sidecar/mapped.py's MappedReader.read_rows): every id is checked before
- * anything is written; rows of other tensor-parallel ranks are zero; a row of this rank is never
- * returned as zeros. A failure cannot travel back through the driver, so it prints what failed
- * and ends the process with exit code 70, as ple/hostfunc.py's fail_closed does. A media error
- * under the mapping is a SIGBUS, as for the Python reader.
+ * Contract (the same as the Python readers' read_rows): every id is checked before anything is
+ * written; rows of other tensor-parallel ranks are zero; a row of this rank is never returned as
+ * zeros. A failure cannot travel back through the driver, so it prints what failed and ends the
+ * process with exit code 70 (EX_SOFTWARE): continuing would hand the model rows that were never
+ * read. With io=pread every I/O error is such a message; with io=mmap a media error under the
+ * mapping is a SIGBUS, as for the mapped Python reader.
  *
- * Copying: warm rows cost a memcpy each, so rows are copied on the driver thread in chunks; the
- * first chunk slower than `slow_row_s` per row is page-faulting, and the rest is split over
- * `workers` threads so that many faults are in flight (the disk's queue depth).
+ * Copying: warm rows cost a memcpy (or a pread from the page cache) each, so rows are copied on
+ * the driver thread in chunks; the first chunk slower than `slow_row_s` per row is waiting for the
+ * disk, and the rest is split over `workers` threads so that many reads are in flight (the disk's
+ * queue depth).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,15 +33,18 @@
 #include <unistd.h>
 
 #define SSD_ABI 1
-#define SSD_EXIT_CODE 70 /* EX_SOFTWARE, as ple/hostfunc.py */
+#define SSD_EXIT_CODE 70 /* EX_SOFTWARE */
 #define SSD_PROBE_ROWS 64
 #define SSD_MAX_WORKERS 256
 
+enum { SSD_IO_MMAP = 0, SSD_IO_PREAD = 1 };
+
 /* Mirrored field by field by ple/native_read.py (_Read); ssd_read_sizeof() guards the layout. */
 typedef struct {
-    const uint8_t *rows;  /* the mapping of this rank's rows [vocab_start, vocab_start + local_rows) */
+    const uint8_t *rows;  /* io=mmap: the mapping of this rank's rows [vocab_start, vocab_start + local_rows) */
     int64_t local_rows;
     int64_t vocab_start;
+    int64_t row_start;    /* the table file's first row (io=pread: file offset = (id - row_start) * row_bytes) */
     int64_t total_rows;   /* every id must lie in [0, total_rows) */
     int64_t row_bytes;
     int64_t table_bytes;  /* the manifest's size: a shorter file is refused before copying */
@@ -49,7 +56,7 @@ typedef struct {
     int32_t fd;
     int32_t workers;
     int32_t closed;       /* set by the owner before the mapping goes away */
-    int32_t reserved;
+    int32_t io;           /* SSD_IO_MMAP or SSD_IO_PREAD */
     int64_t calls;        /* statistics, written only here */
     int64_t threaded_rows;
     char what[128];       /* what the error message calls this read */
@@ -80,6 +87,24 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static void pread_row(const ssd_read_t *r, int64_t id, uint8_t *dst) {
+    const int64_t rb = r->row_bytes;
+    const int64_t off = (id - r->row_start) * rb;
+    int64_t got = 0;
+    while (got < rb) {
+        const ssize_t k = pread(r->fd, dst + got, (size_t)(rb - got), (off_t)(off + got));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            die(r, "SidecarIOError: reading row %lld (byte %lld) of the PLE table failed: %s", (long long)id,
+                (long long)(off + got), strerror(errno));
+        if (k == 0)
+            die(r, "SidecarTruncated: short read of row %lld at byte %lld: the PLE table ends there "
+                   "(was it rewritten while the server runs?)", (long long)id, (long long)(off + got));
+        got += k;
+    }
+}
+
 static void copy_span(const ssd_read_t *r, int64_t a, int64_t b) {
     const int64_t rb = r->row_bytes;
     for (int64_t i = a; i < b; i++) {
@@ -87,6 +112,8 @@ static void copy_span(const ssd_read_t *r, int64_t a, int64_t b) {
         uint8_t *dst = r->out + i * rb;
         if (local < 0 || local >= r->local_rows)
             memset(dst, 0, (size_t)rb); /* another rank's row */
+        else if (r->io == SSD_IO_PREAD)
+            pread_row(r, r->ids[i], dst);
         else
             memcpy(dst, r->rows + local * rb, (size_t)rb);
     }

@@ -1,9 +1,12 @@
-"""The captured sidecar read as a native host function (``native_read.c``): no GIL at replay.
+"""The captured sidecar read as a native host function (``native_read.c``): no Python at replay.
 
-:class:`NativeRead` holds one captured lookup's parameters (this rank's mapping of the table from
-a :class:`~sglang_ssd_stream.sidecar.mapped.MappedReader`, the pinned ids and row slot, the row
-count) in a C struct; the graph's host node is ``ssd_read_rows(&struct)``, which reads them at
-every replay. The library is compiled once per machine with the system C compiler (``$CC``, else
+A host node must not call CUDA, and Python code cannot promise that (a garbage collection inside
+it may free a CUDA tensor); it would also wait for the GIL. :class:`NativeRead` holds one captured
+lookup's parameters (the reader's table: this rank's mapping from a
+:class:`~sglang_ssd_stream.sidecar.mapped.MappedReader`, or the descriptor of a
+:class:`~sglang_ssd_stream.sidecar.reader.SidecarReader` for ``pread``; the pinned ids and row
+slot; the row count) in a C struct; the graph's host node is ``ssd_read_rows(&struct)``, which
+reads them at every replay. The library is compiled once per machine with the system C compiler (``$CC``, else
 Python's, else ``cc``; Triton compiles its launchers the same way) into
 ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed by the source, the compiler and the machine;
 compiled under a file lock into a temporary name and renamed, so concurrent workers and a crash
@@ -29,13 +32,18 @@ import numpy as np
 
 from ..errors import EnvironmentProblem
 from ..paths import data_dir
-from ..sidecar.mapped import SLOW_ROW_S, MappedReader
+from ..sidecar.mapped import DEFAULT_INLINE_ROWS, SLOW_ROW_S, MappedReader
+from ..sidecar.reader import SidecarReader
 
 SOURCE = Path(__file__).with_name("native_read.c")
 LIB_NAME = "libssd_native_read.so"
 ABI = 1  # SSD_ABI in native_read.c
-EXIT_CODE = 70  # SSD_EXIT_CODE in native_read.c; the same as hostfunc.EXIT_CODE
+EXIT_CODE = 70  # SSD_EXIT_CODE in native_read.c (EX_SOFTWARE)
 CFLAGS = ("-O2", "-std=c11", "-fPIC", "-shared", "-pthread")
+IO_CODES = {"mmap": 0, "pread": 1}  # SSD_IO_* in native_read.c
+# A page-cache pread costs ~1 us of syscall per row, a disk read tens of us: slower than this per row
+# is the disk (the mapped reader's memcpy uses SLOW_ROW_S).
+SLOW_PREAD_ROW_S = 10e-6
 
 
 class NativeBuildError(EnvironmentProblem):
@@ -47,10 +55,10 @@ class _Read(ctypes.Structure):
 
     _fields_ = [
         ("rows", ctypes.c_void_p), ("local_rows", ctypes.c_int64), ("vocab_start", ctypes.c_int64),
-        ("total_rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("table_bytes", ctypes.c_int64),
+        ("row_start", ctypes.c_int64), ("total_rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("table_bytes", ctypes.c_int64),
         ("ids", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", ctypes.c_int64),
         ("inline_rows", ctypes.c_int64), ("slow_row_s", ctypes.c_double), ("fd", ctypes.c_int32),
-        ("workers", ctypes.c_int32), ("closed", ctypes.c_int32), ("reserved", ctypes.c_int32),
+        ("workers", ctypes.c_int32), ("closed", ctypes.c_int32), ("io", ctypes.c_int32),
         ("calls", ctypes.c_int64), ("threaded_rows", ctypes.c_int64), ("what", ctypes.c_char * 128),
     ]
 
@@ -97,8 +105,8 @@ def build() -> Path:
 
 
 def _hint(msg: str) -> str:
-    return (f"{msg}\nInstall a C compiler (Triton needs one too) or set CC; or run the captured reads in Python "
-            f"with SGLANG_SSD_STREAM_HOST_NODE=python (they then wait for the GIL at every replay).")
+    return (f"{msg}\nInstall a C compiler (Triton needs one too) or set CC; or serve without CUDA graphs "
+            f"(--disable-cuda-graph): only reads captured into a graph need this library.")
 
 
 _lib: ctypes.CDLL | None = None
@@ -139,24 +147,34 @@ class NativeRead:
     ``function`` and ``argument`` are what ``cuLaunchHostFunc`` takes; :meth:`run` calls the
     function directly (without the GIL, as ctypes does)."""
 
-    def __init__(self, reader: MappedReader, ids: np.ndarray, out: np.ndarray, *, what: str,
-                 slow_row_s: float = SLOW_ROW_S):
-        if not isinstance(reader, MappedReader):
-            raise TypeError(f"the native host node reads through a mapping (io=mmap), not {type(reader).__name__}")
+    def __init__(self, reader: MappedReader | SidecarReader, ids: np.ndarray, out: np.ndarray, *, what: str,
+                 slow_row_s: float | None = None, inline_rows: int | None = None):
+        if isinstance(reader, MappedReader):
+            io, rows = "mmap", reader.mapped_rows
+        elif isinstance(reader, SidecarReader):
+            if reader.direct:
+                raise ValueError("the native host node reads single rows with pread, which O_DIRECT refuses; "
+                                 "open the reader without direct")
+            io, rows = "pread", None
+        else:
+            raise TypeError(f"the native host node reads a MappedReader or a SidecarReader, not {type(reader).__name__}")
         n = ids.shape[0]
         if ids.dtype != np.int64 or ids.ndim != 1 or not ids.flags.c_contiguous:
             raise ValueError("ids must be a contiguous 1-D int64 array")
         if out.dtype != np.uint8 or out.shape != (n, reader.row_bytes) or not out.flags.c_contiguous:
             raise ValueError(f"out must be contiguous uint8 [{n}, {reader.row_bytes}], got {out.dtype} {out.shape}")
         self.lib = load()
-        rows = reader.mapped_rows
-        self._keep = (reader, ids, out, rows)
-        self.reader = reader
+        self._keep = (reader, ids, out, rows)  # the mapping lives as long as a view of it does
+        self.reader, self.io = reader, io
+        if slow_row_s is None:
+            slow_row_s = SLOW_ROW_S if io == "mmap" else SLOW_PREAD_ROW_S
         self._struct = _Read(
-            rows=rows.ctypes.data, local_rows=rows.shape[0], vocab_start=reader.vocab_start,
-            total_rows=reader.total_rows, row_bytes=reader.row_bytes, table_bytes=reader.table.bytes,
-            ids=ids.ctypes.data, out=out.ctypes.data, n=n, inline_rows=reader.inline_rows, slow_row_s=slow_row_s,
-            fd=reader.fileno(), workers=reader.workers, closed=0, what=what.encode()[:127])
+            rows=None if rows is None else rows.ctypes.data, local_rows=reader.vocab_end - reader.vocab_start,
+            vocab_start=reader.vocab_start, row_start=reader.table.row_start, total_rows=reader.total_rows,
+            row_bytes=reader.row_bytes, table_bytes=reader.table.bytes, ids=ids.ctypes.data, out=out.ctypes.data,
+            n=n, inline_rows=inline_rows if inline_rows is not None else getattr(reader, "inline_rows", DEFAULT_INLINE_ROWS),
+            slow_row_s=slow_row_s,
+            fd=reader.fileno(), workers=reader.workers, closed=0, io=IO_CODES[io], what=what.encode()[:127])
 
     @property
     def function(self) -> int:

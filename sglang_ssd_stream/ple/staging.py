@@ -20,11 +20,10 @@ CUDA graphs (sglang captures its decode steps, the PLE gather included): inside 
 ``capture(ids, out, stream)`` records the same pipeline as graph nodes on ``stream``: a D2H copy of
 the ids into pinned memory, a *host node* (``cuLaunchHostFunc``) that reads the rows into a
 separate pinned graph slot when a replay reaches it, and the conversion kernel. The ids are
-computed inside the graph, so nothing has to run before a replay. The host node is native
-(``host_node="native"``, :mod:`.native_read`: no GIL, needs the mapped reader) or Python
-(``"python"``: waits for the GIL at every replay). A read that fails inside a replay cannot raise
-into the graph: the host node prints the error and ends the process (the rows of that step would
-be wrong). ``capture_wait``/``launch_for_replay`` remain for graphs whose
+computed inside the graph, so nothing has to run before a replay. The host node is native code
+(:mod:`.native_read`): a host node must not call CUDA nor wait for the GIL, and Python in one did
+both. A read that fails inside a replay cannot raise into the graph: the host node prints the
+error and ends the process (the rows of that step would be wrong). ``capture_wait``/``launch_for_replay`` remain for graphs whose
 ids are known on the host before replay.
 
 On a CPU-only machine (tests) ``begin`` runs synchronously, with the same staging and kernel
@@ -39,12 +38,10 @@ import threading
 import numpy as np
 import torch
 
-from ..sidecar.mapped import MappedReader
 from ..sidecar.reader import SidecarReader
 from .kernels import convert_staged_rows
 
 MODES = ("uva", "h2d")
-HOST_NODES = ("native", "python")
 
 
 class StagingCapacityError(ValueError):
@@ -53,11 +50,9 @@ class StagingCapacityError(ValueError):
 
 class SidecarGather:
     def __init__(self, reader: SidecarReader, *, columns: int, is_fp8: bool, capacity_rows: int,
-                 device: torch.device | str, mode: str = "uva", graph_rows: int = 0, host_node: str = "python"):
+                 device: torch.device | str, mode: str = "uva", graph_rows: int = 0):
         if mode not in MODES:
             raise ValueError(f"PLE gather mode {mode!r}: expected one of {MODES}")
-        if host_node not in HOST_NODES:
-            raise ValueError(f"PLE host node {host_node!r}: expected one of {HOST_NODES}")
         if reader.row_bytes != columns * (1 if is_fp8 else 2):
             raise ValueError(f"reader rows are {reader.row_bytes} B, expected {columns} {'fp8' if is_fp8 else 'bf16'} columns")
         self.reader, self.columns, self.is_fp8, self.mode = reader, int(columns), bool(is_fp8), mode
@@ -78,15 +73,11 @@ class SidecarGather:
         self.graph_rows_host = torch.zeros((self.graph_rows, reader.row_bytes), dtype=torch.uint8, pin_memory=pin)
         self.graph_rows_device = (torch.empty((self.graph_rows, reader.row_bytes), dtype=torch.uint8, device=self.device)
                                   if self.cuda and mode == "h2d" else None)
-        self.host_node = host_node
-        if self.graph_rows and host_node == "native":
+        if int(graph_rows) > 0:
             from .native_read import load
 
-            if not isinstance(reader, MappedReader):
-                raise ValueError(f"the native host node reads through the table's mapping (io=mmap); this reader "
-                                 f"is a {type(reader).__name__}")
-            load()  # compile/load now: at startup, not at the first capture
-        self._host_nodes: list = []  # callbacks / native reads referenced by captured graphs: keep them alive
+            load()  # compile/load the host-node library now: at startup, not at the first capture
+        self._host_nodes: list = []  # native reads referenced by captured graphs: keep them alive
         self._pending: concurrent.futures.Future | None = None
         self._lock = threading.Lock()
         if self.cuda:
@@ -159,7 +150,8 @@ class SidecarGather:
     def capture(self, ids: torch.Tensor, out: torch.Tensor, stream) -> None:
         """Inside CUDA-graph capture on ``stream``: D2H of ``ids`` -> host node reading the rows ->
         conversion into ``out``, all replayed by the graph (see the module docstring)."""
-        from .hostfunc import launch_host_func, launch_native_host_func
+        from .hostfunc import launch_native_host_func
+        from .native_read import NativeRead
 
         n = ids.numel()
         if n > self.graph_rows:
@@ -173,16 +165,11 @@ class SidecarGather:
         ids_np, rows_np, reader = self.graph_ids.numpy()[:n], self.graph_rows_host.numpy()[:n], self.reader
         what = f"PLE layer {reader.table.layer} sidecar read"
 
+        node = NativeRead(reader, ids_np, rows_np, what=what)
         with torch.cuda.stream(stream):
             self.graph_ids[:n].copy_(ids.reshape(-1), non_blocking=True)
-            if self.host_node == "native":
-                from .native_read import NativeRead
-
-                node = NativeRead(reader, ids_np, rows_np, what=what)
-                launch_native_host_func(stream, node)
-                self._host_nodes.append(node)
-            else:
-                self._host_nodes.append(launch_host_func(stream, lambda: reader.read_rows(ids_np, rows_np), what=what))
+            launch_native_host_func(stream, node)
+            self._host_nodes.append(node)
             src = self.graph_rows_host[:n]
             if self.graph_rows_device is not None:
                 self.graph_rows_device[:n].copy_(src, non_blocking=True)
@@ -213,7 +200,7 @@ class SidecarGather:
             self.wait()
         finally:
             for node in self._host_nodes:  # a replay after this ends the process with a message
-                getattr(node, "close", lambda: None)()
+                node.close()
             if self.cuda:
                 self._executor.shutdown(wait=True)
             self.reader.close()

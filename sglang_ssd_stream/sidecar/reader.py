@@ -149,6 +149,8 @@ class SidecarReader:
         reader.read_rows(ids, out)
     """
 
+    io = "pread"
+
     def __init__(
         self,
         table: SidecarTable,
@@ -277,6 +279,11 @@ class SidecarReader:
     @property
     def usable(self) -> bool:
         return not self._closed and self._failure is None
+
+    def fileno(self) -> int:
+        """The table's descriptor (the native host node reads rows with ``pread`` on it)."""
+        self._check_usable()
+        return self._fd
 
     def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out[i]`` with the bytes of global row ``ids[i]``.

@@ -19,12 +19,9 @@ EXPECTED = {
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]",
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d]",
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-0-SGLANG_SSD_STREAM_READ_WORKERS=0 must be at least 1]",
-    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_SWITCH_INTERVAL_US--5-SGLANG_SSD_STREAM_SWITCH_INTERVAL_US=-5 must be at least 0]",
-    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_HOST_NODE-cffi-SGLANG_SSD_STREAM_HOST_NODE='cffi': expected native or python]",
-    "test_bad_knob_values_stop_the_plugin_at_start[native-host-node-with-pread]",
-    *(f"test_graph_reads_pick_their_host_node_and_gil_switch_interval[{case}]" for case in (
-        "None-None-None-native-unchanged", "None-pread-None-python-0.0005", "python-None-None-python-0.0005",
-        "python-None-100-python-0.0001", "python-None-0-python-unchanged")),
+    "test_bad_knob_values_stop_the_plugin_at_start[retired-switch-interval]",
+    *(f"test_binding_for_cuda_graphs_needs_the_native_host_node_library[{cc}-{io}]"
+      for cc in ("working", "broken") for io in ("mmap", "pread")),
     "test_gather_inside_graph_capture_is_captured_not_refused",
     "test_conversion_kernel_matches_sglang_kernel_for_every_byte",
     "test_install_raises_when_a_hook_cannot_land[apply_fails]",

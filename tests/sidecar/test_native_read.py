@@ -18,7 +18,7 @@ import pytest
 from conftest import BF16_LAYER, FP8_LAYER
 from sglang_ssd_stream.ple import native_read
 from sglang_ssd_stream.ple.native_read import NativeBuildError, NativeRead
-from sglang_ssd_stream.sidecar import MappedReader, SidecarReader
+from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, open_reader
 from test_build_and_read import _ids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,8 @@ def _own_library_cache(tmp_path_factory, monkeypatch):
     (8, 0, 1e-6, "all"),  # inline off: all on threads
 ])
 @pytest.mark.parametrize("rank", ["whole", "tp-middle"])
-def test_native_rows_equal_the_mapped_reader(big, layer, workers, inline, slow, threaded, rank):
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_native_rows_equal_the_python_readers(big, layer, workers, inline, slow, threaded, rank, io):
     _, result, ref = big
     t = result.manifest.table(layer)
     lo, hi = (0, t.rows) if rank == "whole" else (t.rows // 3, 2 * t.rows // 3)
@@ -46,9 +47,9 @@ def test_native_rows_equal_the_mapped_reader(big, layer, workers, inline, slow, 
     ids[:4] = [lo, hi - 1, (lo - 1) % t.rows, hi % t.rows]  # this rank's edges and the rows just outside
     expected = np.full((ids.size, t.row_bytes), 0xAB, np.uint8)
     out = np.full((ids.size, t.row_bytes), 0xCD, np.uint8)
-    with MappedReader(t, vocab_start=lo, vocab_end=hi, max_rows=ids.size, workers=workers, inline_rows=inline) as r:
+    with open_reader(t, io, vocab_start=lo, vocab_end=hi, max_rows=ids.size, workers=workers) as r:
         r.read_rows(ids, expected)
-        node = NativeRead(r, ids, out, what="test read", slow_row_s=slow)
+        node = NativeRead(r, ids, out, what="test read", slow_row_s=slow, inline_rows=inline)
         node.run()
         node.run()  # a graph replays: the same node again
         stats = node.stats
@@ -97,19 +98,24 @@ def test_the_native_read_needs_no_gil(table, ref):
 _FAILING = textwrap.dedent("""
     import sys
     import numpy as np
-    from sglang_ssd_stream.sidecar import load_manifest, MappedReader
+    import os
+    from sglang_ssd_stream.sidecar import load_manifest, open_reader
     from sglang_ssd_stream.ple.native_read import NativeRead
     t = load_manifest(sys.argv[1]).tables[0]
-    case = sys.argv[2]
+    io, case = sys.argv[2], sys.argv[3]
     ids = np.array([0, 5, t.rows - 1] + ([t.rows] if case == "out-of-table" else []), dtype=np.int64)
     out = np.zeros((ids.size, t.row_bytes), np.uint8)
-    r = MappedReader(t, max_rows=8, workers=1)
+    r = open_reader(t, io, max_rows=8, workers=1)
     node = NativeRead(r, ids, out, what="PLE layer 2 sidecar read")
     node.run()
     print("FIRST", out[:3].any())
-    if case == "truncated":
+    if case in ("truncated", "shrinks-after-the-size-check"):
         with open(t.file, "r+b") as f:
             f.truncate(4096)
+    if case == "shrinks-after-the-size-check":
+        node._struct.table_bytes = 0  # the size check passes, as if the file shrank right after it
+    if case == "io-error":
+        node._struct.fd = os.open(t.file, os.O_WRONLY)  # every pread on it fails (EBADF)
     if case == "closed":
         node.close()
     node.run()
@@ -117,16 +123,22 @@ _FAILING = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("case,message", [
-    ("truncated", "SidecarTruncated: the PLE table is truncated: it has 4096 bytes, expected 800480"),
-    ("out-of-table", "SidecarRowOutOfRange: row id 5003 at position 3 is outside the table [0, 5003)"),
-    ("closed", "the sidecar reader was closed while a graph that reads it can still replay"),
+@pytest.mark.parametrize("io,case,message", [
+    (io, "truncated", "SidecarTruncated: the PLE table is truncated: it has 4096 bytes, expected 800480")
+    for io in ("mmap", "pread")] + [
+    (io, "out-of-table", "SidecarRowOutOfRange: row id 5003 at position 3 is outside the table [0, 5003)")
+    for io in ("mmap", "pread")] + [
+    (io, "closed", "the sidecar reader was closed while a graph that reads it can still replay")
+    for io in ("mmap", "pread")] + [
+    ("pread", "io-error", "SidecarIOError: reading row 0 (byte 0) of the PLE table failed: Bad file descriptor"),
+    ("pread", "shrinks-after-the-size-check",
+     "SidecarTruncated: short read of row 5002 at byte 800320: the PLE table ends there"),
 ])
-def test_a_failing_native_read_ends_the_process_with_a_message(small, tmp_path, case, message):
+def test_a_failing_native_read_ends_the_process_with_a_message(small, tmp_path, io, case, message):
     _, art = small
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
-    proc = subprocess.run([sys.executable, "-c", _FAILING, str(art), case], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _FAILING, str(art), io, case], capture_output=True, text=True,
+                          env=env, timeout=120)
     assert proc.returncode == native_read.EXIT_CODE, proc.stderr
     assert "CONTINUED" not in proc.stdout
     assert ("FIRST True" in proc.stdout) == (case != "out-of-table")  # an id outside the table: nothing read at all
@@ -134,10 +146,14 @@ def test_a_failing_native_read_ends_the_process_with_a_message(small, tmp_path, 
     assert "stopping this process: the step's rows were not read." in proc.stderr
 
 
-def test_native_read_refuses_the_pread_reader_and_bad_buffers(table):
+def test_native_read_refuses_other_readers_o_direct_and_bad_buffers(table):
     ids = np.zeros(4, np.int64)
-    with SidecarReader(table, max_rows=4) as r, pytest.raises(TypeError, match="reads through a mapping"):
-        NativeRead(r, ids, np.zeros((4, table.row_bytes), np.uint8), what="x")
+    with pytest.raises(TypeError, match="reads a MappedReader or a SidecarReader, not dict"):
+        NativeRead({}, ids, np.zeros((4, table.row_bytes), np.uint8), what="x")
+    with SidecarReader(table, max_rows=4) as r:
+        r.direct = True  # as if opened with O_DIRECT (which this filesystem may not support)
+        with pytest.raises(ValueError, match="O_DIRECT refuses"):
+            NativeRead(r, ids, np.zeros((4, table.row_bytes), np.uint8), what="x")
     with MappedReader(table, max_rows=4, workers=1) as r:
         with pytest.raises(ValueError, match="ids must be a contiguous 1-D int64"):
             NativeRead(r, ids.astype(np.int32), np.zeros((4, table.row_bytes), np.uint8), what="x")
@@ -173,7 +189,7 @@ def test_a_machine_without_a_working_compiler_is_refused_with_the_way_out(fresh,
     monkeypatch.setenv("CC", cc)
     with pytest.raises(NativeBuildError) as err:
         native_read.load()
-    assert message in str(err.value) and "SGLANG_SSD_STREAM_HOST_NODE=python" in str(err.value)
+    assert message in str(err.value) and "--disable-cuda-graph" in str(err.value)
     assert not native_read.library_path().exists()
     assert [p for p in native_read.library_path().parent.iterdir() if p.name != ".lock"] == []  # no temp left
 
@@ -185,7 +201,7 @@ def test_a_library_of_another_layout_is_refused(fresh, monkeypatch):
     path = native_read.library_path()
     path.parent.mkdir(parents=True)
     subprocess.run([*native_read.compiler(), *native_read.CFLAGS, "-o", str(path), str(other)], check=True)
-    with pytest.raises(NativeBuildError, match=r"struct size 184, expected 1 / 248; delete it to rebuild"):
+    with pytest.raises(NativeBuildError, match=r"struct size 192, expected 1 / 256; delete it to rebuild"):
         native_read.load()
 
 

@@ -284,19 +284,14 @@ def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch, io, erro
     ("SGLANG_SSD_STREAM_IO", "aio", "SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread"),
     ("SGLANG_SSD_STREAM_PLE_GATHER", "zero-copy", "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d"),
     ("SGLANG_SSD_STREAM_READ_WORKERS", "0", "SGLANG_SSD_STREAM_READ_WORKERS=0 must be at least 1"),
-    ("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", "-5", "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US=-5 must be at least 0"),
-    ("SGLANG_SSD_STREAM_HOST_NODE", "cffi", "SGLANG_SSD_STREAM_HOST_NODE='cffi': expected native or python"),
-    pytest.param("SGLANG_SSD_STREAM_HOST_NODE", "native+pread",
-                 "SGLANG_SSD_STREAM_HOST_NODE=native reads through a mapping of the table: it needs "
-                 "SGLANG_SSD_STREAM_IO=mmap", id="native-host-node-with-pread"),
+    pytest.param("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", "500",
+                 "SGLANG_SSD_STREAM_SWITCH_INTERVAL_US is no longer used (reads captured in CUDA graphs are native "
+                 "host nodes now and need no GIL); unset it", id="retired-switch-interval"),
 ])
 def test_bad_knob_values_stop_the_plugin_at_start(monkeypatch, name, value, message):
-    """A bad value is refused when the plugin registers, not at the first request."""
+    """A bad value (or a knob that no longer acts) is refused when the plugin registers, not at the first request."""
     from sglang_ssd_stream import plugin
 
-    if value == "native+pread":
-        value = "native"
-        monkeypatch.setenv("SGLANG_SSD_STREAM_IO", "pread")
     monkeypatch.setenv(name, value)
     monkeypatch.setattr(plugin, "_registered", False)
     with pytest.raises(SystemExit, match=re.escape(message)):
@@ -328,45 +323,30 @@ def test_gather_inside_graph_capture_is_captured_not_refused(env, monkeypatch):
     assert emb._ssd_stream._pending is None  # nothing left for the consumer to wait on
 
 
-@pytest.mark.parametrize("host_node,io,interval,expected_node,expected_interval", [
-    (None, None, None, "native", "unchanged"),
-    (None, "pread", None, "python", 500e-6),
-    ("python", None, None, "python", 500e-6),
-    ("python", None, "100", "python", 100e-6),
-    ("python", None, "0", "python", "unchanged"),
-])
-def test_graph_reads_pick_their_host_node_and_gil_switch_interval(env, monkeypatch, host_node, io, interval,
-                                                                  expected_node, expected_interval):
-    """Captured reads are host nodes: native ones (the default with io=mmap) need no GIL and leave the
-    switch interval alone; Python ones (io=pread, or asked for) set it (default 500 us; 0 leaves Python's)."""
-    from sglang_ssd_stream.ple.staging import SidecarGather
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+@pytest.mark.parametrize("cc", ["working", "broken"])
+def test_binding_for_cuda_graphs_needs_the_native_host_node_library(env, monkeypatch, tmp_path, io, cc):
+    """With CUDA graphs on, reads are captured as native host nodes: binding the sidecar builds/loads
+    that library for either reader, and a machine that cannot compile it stops the model load (the
+    worker) with the way out named, instead of failing at the first capture."""
+    from sglang_ssd_stream.ple import native_read
 
-    original_init = SidecarGather.__init__
-    made = []
-
-    def with_graph_slot(self, *a, **k):  # a CPU build has no graph slot; pretend graphs are on
-        original_init(self, *a, **k)
-        self.graph_rows = 16
-        made.append(self)
-
-    monkeypatch.setattr(SidecarGather, "__init__", with_graph_slot)
+    monkeypatch.setattr(native_read, "_lib", None)
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
     monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
-    for name, value in (("SGLANG_SSD_STREAM_HOST_NODE", host_node), ("SGLANG_SSD_STREAM_IO", io),
-                        ("SGLANG_SSD_STREAM_SWITCH_INTERVAL_US", interval)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(0.004)
-    try:
-        m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
-        m.load(env.q, env.ck["float8_e4m3fn"].path)
-        now = sys.getswitchinterval()
-    finally:
-        sys.setswitchinterval(before)
-    assert made and {g.host_node for g in made} == {expected_node}
-    assert now == pytest.approx(0.004 if expected_interval == "unchanged" else expected_interval)
+    monkeypatch.setenv("SGLANG_SSD_STREAM_IO", io)
+    if cc == "broken":
+        monkeypatch.setenv("CC", "false")
+    m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
+    if cc == "broken":
+        with pytest.raises(native_read.NativeBuildError, match=r"(?s)compiling the native host-node library "
+                                                               r"failed.*--disable-cuda-graph"):
+            m.load(env.q, env.ck["float8_e4m3fn"].path)
+        assert not native_read.library_path().exists()
+        return
+    m.load(env.q, env.ck["float8_e4m3fn"].path)
+    assert native_read.library_path().is_file() and native_read._lib is not None
+    assert m.ngram.ngram_embedding._ssd_stream.reader.io == io
 
 
 def test_conversion_kernel_matches_sglang_kernel_for_every_byte(env):

@@ -385,7 +385,8 @@ def check_compilers(facts: Facts) -> Finding:
     missing = [what for what, found in (("C", facts.c_compiler), ("C++", facts.cxx_compiler)) if not found]
     if missing:
         return Finding(ERROR, "compiler", f"no {' or '.join(missing)} compiler on PATH; the first start compiles "
-                       f"kernels for this device (Triton launchers, sglang JIT, FlashInfer)",
+                       f"kernels for this device (Triton launchers, sglang JIT, FlashInfer) and the PLE sidecar's native "
+                       f"host-node read for CUDA graphs",
                        "sudo apt-get install -y build-essential")
     return Finding(OK, "compiler", f"{facts.c_compiler}, {facts.cxx_compiler}")
 

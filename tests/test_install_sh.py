@@ -100,6 +100,15 @@ def test_real_install_then_verified_noop_rerun(tmp_path):
 
     assert run(["--check", "--prefix", str(prefix), "--bin-dir", str(bindir)]).returncode == 0
 
+    # The installed kit carries the native host-node source (package data) and compiles it.
+    home = tmp_path / "kit-home"
+    built = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "from sglang_ssd_stream.ple import native_read as n; n.load(); print(n.library_path())"],
+                           env={**os.environ, "SGLANG_SSD_STREAM_HOME": str(home)}, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    assert Path(built.stdout.strip()).is_file() and Path(built.stdout.strip()).is_relative_to(home)
+
     # A tampered engine file: --check fails, install refuses and changes nothing.
     site = next((venv / "lib").glob("python3.*/site-packages"))
     target = site / "sglang" / "srt" / "managers" / "tp_worker.py"

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +40,7 @@
 
 enum { SSD_IO_MMAP = 0, SSD_IO_PREAD = 1 };
 
-/* Mirrored field by field by ple/native_read.py (_Read); ssd_read_sizeof() guards the layout. */
+/* Mirrored field by field by ple/native_read.py (_Read); ssd_read_layout() guards the layout. */
 typedef struct {
     const uint8_t *rows;  /* io=mmap: the mapping of this rank's rows [vocab_start, vocab_start + local_rows) */
     int64_t local_rows;
@@ -68,6 +69,10 @@ typedef struct {
 } ssd_span_t;
 
 static void die(const ssd_read_t *r, const char *fmt, ...) {
+    static int dying = 0;
+    if (__atomic_exchange_n(&dying, 1, __ATOMIC_ACQ_REL))
+        for (;;)
+            pause(); /* another copy thread is already ending the process: one message, not interleaved ones */
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -154,7 +159,7 @@ static void copy_threaded(const ssd_read_t *r, int64_t a, int64_t n) {
 /* The host function: cuLaunchHostFunc(stream, ssd_read_rows, &read). */
 void ssd_read_rows(void *arg) {
     ssd_read_t *r = (ssd_read_t *)arg;
-    if (r->closed)
+    if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE))
         die(r, "the sidecar reader was closed while a graph that reads it can still replay");
     struct stat st;
     if (fstat(r->fd, &st) != 0)
@@ -185,14 +190,30 @@ void ssd_read_rows(void *arg) {
     }
     if (a < n) {
         copy_threaded(r, a, n);
-        r->threaded_rows += n - a;
+        __atomic_fetch_add(&r->threaded_rows, n - a, __ATOMIC_RELAXED);
     }
-    r->calls += 1;
+    __atomic_fetch_add(&r->calls, 1, __ATOMIC_RELAXED);
 }
 
 int ssd_abi(void) { return SSD_ABI; }
 
-size_t ssd_read_sizeof(void) { return sizeof(ssd_read_t); }
+/* sizeof, then the offset of every field in declaration order; returns how many values it wrote. */
+int ssd_read_layout(size_t *out, int cap) {
+    const size_t v[] = {
+        sizeof(ssd_read_t),
+        offsetof(ssd_read_t, rows), offsetof(ssd_read_t, local_rows), offsetof(ssd_read_t, vocab_start),
+        offsetof(ssd_read_t, row_start), offsetof(ssd_read_t, total_rows), offsetof(ssd_read_t, row_bytes),
+        offsetof(ssd_read_t, table_bytes), offsetof(ssd_read_t, ids), offsetof(ssd_read_t, out),
+        offsetof(ssd_read_t, n), offsetof(ssd_read_t, inline_rows), offsetof(ssd_read_t, slow_row_s),
+        offsetof(ssd_read_t, fd), offsetof(ssd_read_t, workers), offsetof(ssd_read_t, closed),
+        offsetof(ssd_read_t, io), offsetof(ssd_read_t, calls), offsetof(ssd_read_t, threaded_rows),
+        offsetof(ssd_read_t, what),
+    };
+    const int n = (int)(sizeof v / sizeof v[0]);
+    for (int i = 0; i < n && i < cap; i++)
+        out[i] = v[i];
+    return n;
+}
 
 /* Tests: run fn(arg) on a new thread, as the CUDA driver runs a host node, and set *done after. */
 typedef struct {

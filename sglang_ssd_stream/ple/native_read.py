@@ -6,7 +6,12 @@ lookup's parameters (the reader's table: this rank's mapping from a
 :class:`~sglang_ssd_stream.sidecar.mapped.MappedReader`, or the descriptor of a
 :class:`~sglang_ssd_stream.sidecar.reader.SidecarReader` for ``pread``; the pinned ids and row
 slot; the row count) in a C struct; the graph's host node is ``ssd_read_rows(&struct)``, which
-reads them at every replay. The library is compiled once per machine with the system C compiler (``$CC``, else
+reads them at every replay.
+
+Lifetime: sglang's graph runner owns the graphs, not us, so a captured node is kept for the life
+of the process (:func:`keep_for_graphs`): the struct, the arrays and the mapping it points to, and
+its own duplicate of the table's descriptor stay valid however the reader or the gather is closed
+or dropped. Closing only sets a flag, and a replay after that ends the process with a message. The library is compiled once per machine with the system C compiler (``$CC``, else
 Python's, else ``cc``; Triton compiles its launchers the same way) into
 ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed by the source, the compiler and the machine;
 compiled under a file lock into a temporary name and renamed, so concurrent workers and a crash
@@ -18,6 +23,7 @@ Imports neither torch nor an engine.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -26,6 +32,7 @@ import subprocess
 import sysconfig
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +75,21 @@ def compiler() -> list[str]:
     return shlex.split(cc)
 
 
+@functools.lru_cache(maxsize=8)
+def _compiler_identity(cc: tuple[str, ...]) -> str:
+    try:
+        out = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"  # build() then reports why the compiler cannot run
+    return out.splitlines()[0] if out else "unknown"
+
+
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join([*compiler(), *CFLAGS, platform.machine()]).encode())
+    """Keyed by the source, the compiler (command and version), the flags, the machine and its C
+    library: a cache shared between hosts never hands one of them a library built for another."""
+    cc = tuple(compiler())
+    parts = [*cc, _compiler_identity(cc), *CFLAGS, platform.machine(), *platform.libc_ver()]
+    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join(parts).encode())
     return data_dir() / "native" / key.hexdigest()[:16] / LIB_NAME
 
 
@@ -92,15 +112,18 @@ def build() -> Path:
         os.close(fd)
         cmd = [*compiler(), *CFLAGS, "-o", tmp, str(SOURCE)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            os.unlink(tmp)
-            raise NativeBuildError(_hint(f"cannot run the C compiler ({shlex.join(cmd)}): {exc}")) from exc
-        if proc.returncode != 0:
-            os.unlink(tmp)
-            raise NativeBuildError(_hint(f"compiling the native host-node library failed ({shlex.join(cmd)}):\n"
-                                         f"{proc.stderr.strip()}"))
-        os.replace(tmp, path)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise NativeBuildError(_hint(f"cannot run the C compiler ({shlex.join(cmd)}): {exc}")) from exc
+            if proc.returncode != 0:
+                raise NativeBuildError(_hint(f"compiling the native host-node library failed ({shlex.join(cmd)}):\n"
+                                             f"{proc.stderr.strip()}"))
+            os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of a shared cache must load it too
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):  # failed or interrupted: no half-built file stays behind
+                os.unlink(tmp)
     return path
 
 
@@ -125,10 +148,14 @@ def load() -> ctypes.CDLL:
         except OSError as exc:
             raise NativeBuildError(f"cannot load the native host-node library {path}: {exc}") from exc
         lib.ssd_abi.restype = ctypes.c_int
-        lib.ssd_read_sizeof.restype = ctypes.c_size_t
-        if lib.ssd_abi() != ABI or lib.ssd_read_sizeof() != ctypes.sizeof(_Read):
-            raise NativeBuildError(f"{path}: ABI {lib.ssd_abi()} / struct size {lib.ssd_read_sizeof()}, expected "
-                                   f"{ABI} / {ctypes.sizeof(_Read)}; delete it to rebuild")
+        lib.ssd_read_layout.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.ssd_read_layout.restype = ctypes.c_int
+        ours = [ctypes.sizeof(_Read)] + [getattr(_Read, name).offset for name, _ in _Read._fields_]
+        buf = (ctypes.c_size_t * 64)()
+        theirs = list(buf[:min(64, lib.ssd_read_layout(buf, 64))])
+        if lib.ssd_abi() != ABI or theirs != ours:
+            raise NativeBuildError(f"{path}: ABI {lib.ssd_abi()}, struct size and field offsets {theirs}; expected "
+                                   f"ABI {ABI}, {ours}; delete it to rebuild")
         lib.ssd_read_rows.argtypes = [ctypes.c_void_p]
         lib.ssd_read_rows.restype = None
         lib.ssd_test_start.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -164,7 +191,9 @@ class NativeRead:
         if out.dtype != np.uint8 or out.shape != (n, reader.row_bytes) or not out.flags.c_contiguous:
             raise ValueError(f"out must be contiguous uint8 [{n}, {reader.row_bytes}], got {out.dtype} {out.shape}")
         self.lib = load()
-        self._keep = (reader, ids, out, rows)  # the mapping lives as long as a view of it does
+        fd = os.dup(reader.fileno())  # ours: closing the reader must not hand the C code a reused number
+        weakref.finalize(self, os.close, fd)
+        self._keep = (ids, out, rows)  # the mapping lives as long as a view of it does
         self.reader, self.io = reader, io
         if slow_row_s is None:
             slow_row_s = SLOW_ROW_S if io == "mmap" else SLOW_PREAD_ROW_S
@@ -174,7 +203,8 @@ class NativeRead:
             row_bytes=reader.row_bytes, table_bytes=reader.table.bytes, ids=ids.ctypes.data, out=out.ctypes.data,
             n=n, inline_rows=inline_rows if inline_rows is not None else getattr(reader, "inline_rows", DEFAULT_INLINE_ROWS),
             slow_row_s=slow_row_s,
-            fd=reader.fileno(), workers=reader.workers, closed=0, io=IO_CODES[io], what=what.encode()[:127])
+            fd=fd, workers=reader.workers, closed=0, io=IO_CODES[io],
+            what=what.encode()[:127].decode(errors="ignore").encode())
 
     @property
     def function(self) -> int:
@@ -192,5 +222,18 @@ class NativeRead:
         self.lib.ssd_read_rows(self.argument)
 
     def close(self) -> None:
-        """Later calls end the process with a message instead of reading an unmapped table."""
+        """Later calls end the process with a message. Memory and descriptor stay valid (a replay
+        may be running): they go when this object does, which for a captured node is never."""
         self._struct.closed = 1
+
+
+_kept: list[NativeRead] = []
+_kept_lock = threading.Lock()
+
+
+def keep_for_graphs(node: NativeRead) -> NativeRead:
+    """Keep ``node`` for the rest of the process: a graph that captured it may replay at any time,
+    and its owner (sglang's graph runner) does not tell us when it is gone."""
+    with _kept_lock:
+        _kept.append(node)
+    return node

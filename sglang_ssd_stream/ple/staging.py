@@ -151,7 +151,7 @@ class SidecarGather:
         """Inside CUDA-graph capture on ``stream``: D2H of ``ids`` -> host node reading the rows ->
         conversion into ``out``, all replayed by the graph (see the module docstring)."""
         from .hostfunc import launch_native_host_func
-        from .native_read import NativeRead
+        from .native_read import NativeRead, keep_for_graphs
 
         n = ids.numel()
         if n > self.graph_rows:
@@ -165,7 +165,7 @@ class SidecarGather:
         ids_np, rows_np, reader = self.graph_ids.numpy()[:n], self.graph_rows_host.numpy()[:n], self.reader
         what = f"PLE layer {reader.table.layer} sidecar read"
 
-        node = NativeRead(reader, ids_np, rows_np, what=what)
+        node = keep_for_graphs(NativeRead(reader, ids_np, rows_np, what=what))
         with torch.cuda.stream(stream):
             self.graph_ids[:n].copy_(ids.reshape(-1), non_blocking=True)
             launch_native_host_func(stream, node)

@@ -51,6 +51,8 @@ def test_native_rows_equal_the_python_readers(big, layer, workers, inline, slow,
         r.read_rows(ids, expected)
         node = NativeRead(r, ids, out, what="test read", slow_row_s=slow, inline_rows=inline)
         node.run()
+        assert np.array_equal(out, expected)
+        out[:] = 0xCD
         node.run()  # a graph replays: the same node again
         stats = node.stats
     assert np.array_equal(out, expected)
@@ -105,8 +107,9 @@ _FAILING = textwrap.dedent("""
     io, case = sys.argv[2], sys.argv[3]
     ids = np.array([0, 5, t.rows - 1] + ([t.rows] if case == "out-of-table" else []), dtype=np.int64)
     out = np.zeros((ids.size, t.row_bytes), np.uint8)
-    r = open_reader(t, io, max_rows=8, workers=1)
-    node = NativeRead(r, ids, out, what="PLE layer 2 sidecar read")
+    threaded = case.endswith("-threaded")
+    r = open_reader(t, io, max_rows=8, workers=4 if threaded else 1)
+    node = NativeRead(r, ids, out, what="PLE layer 2 sidecar read", inline_rows=0 if threaded else None)
     node.run()
     print("FIRST", out[:3].any())
     if case in ("truncated", "shrinks-after-the-size-check"):
@@ -114,7 +117,7 @@ _FAILING = textwrap.dedent("""
             f.truncate(4096)
     if case == "shrinks-after-the-size-check":
         node._struct.table_bytes = 0  # the size check passes, as if the file shrank right after it
-    if case == "io-error":
+    if case.startswith("io-error"):
         node._struct.fd = os.open(t.file, os.O_WRONLY)  # every pread on it fails (EBADF)
     if case == "closed":
         node.close()
@@ -131,6 +134,7 @@ _FAILING = textwrap.dedent("""
     (io, "closed", "the sidecar reader was closed while a graph that reads it can still replay")
     for io in ("mmap", "pread")] + [
     ("pread", "io-error", "SidecarIOError: reading row 0 (byte 0) of the PLE table failed: Bad file descriptor"),
+    ("pread", "io-error-threaded", "SidecarIOError: reading row"),  # from copy threads: still one message
     ("pread", "shrinks-after-the-size-check",
      "SidecarTruncated: short read of row 5002 at byte 800320: the PLE table ends there"),
 ])
@@ -144,6 +148,31 @@ def test_a_failing_native_read_ends_the_process_with_a_message(small, tmp_path, 
     assert ("FIRST True" in proc.stdout) == (case != "out-of-table")  # an id outside the table: nothing read at all
     assert f"sglang-ssd-stream: PLE layer 2 sidecar read failed inside a CUDA stream/graph: {message}" in proc.stderr
     assert "stopping this process: the step's rows were not read." in proc.stderr
+    assert proc.stderr.count("failed inside a CUDA stream/graph") == 1  # one message, even from several threads
+    if case.startswith("io-error"):
+        assert "Bad file descriptor" in proc.stderr
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_a_node_outlives_its_reader_with_its_own_descriptor_and_mapping(table, ref, tmp_path, io):
+    """A graph may replay after the reader was closed or dropped: the node still reads this table,
+    never a file that reused the reader's descriptor number."""
+    ids = np.array([0, 7, table.rows - 1, 7], dtype=np.int64)
+    out = np.zeros((ids.size, table.row_bytes), np.uint8)
+    r = open_reader(table, io, max_rows=8, workers=1)
+    node = NativeRead(r, ids, out, what="test read")
+    number = r.fileno()
+    r.close()
+    del r
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"\x77" * (table.bytes * 2))
+    fd = os.open(other, os.O_RDONLY)
+    try:
+        assert fd == number  # the lowest free number: the reader's, now this other file's
+        node.run()
+    finally:
+        os.close(fd)
+    assert np.array_equal(out, ref[ids])
 
 
 def test_native_read_refuses_other_readers_o_direct_and_bad_buffers(table):
@@ -194,15 +223,53 @@ def test_a_machine_without_a_working_compiler_is_refused_with_the_way_out(fresh,
     assert [p for p in native_read.library_path().parent.iterdir() if p.name != ".lock"] == []  # no temp left
 
 
-def test_a_library_of_another_layout_is_refused(fresh, monkeypatch):
-    """A library in the cache whose struct differs from ours would read garbage: refused at load."""
+@pytest.mark.parametrize("change", ["smaller-field", "swapped-fields"])
+def test_a_library_of_another_layout_is_refused(fresh, monkeypatch, change):
+    """A library in the cache whose struct differs from ours would read garbage: refused at load,
+    also when only two fields of one size traded places."""
+    src = native_read.SOURCE.read_text()
+    if change == "smaller-field":
+        src = src.replace("char what[128];", "char what[64];")
+    else:
+        a, b = "    int32_t fd;\n", "    int32_t workers;\n"
+        assert a in src and b in src
+        src = src.replace(a, "@@A@@").replace(b, a).replace("@@A@@", b)
     other = fresh / "other.c"
-    other.write_text(native_read.SOURCE.read_text().replace("char what[128];", "char what[64];"))
+    other.write_text(src)
     path = native_read.library_path()
     path.parent.mkdir(parents=True)
     subprocess.run([*native_read.compiler(), *native_read.CFLAGS, "-o", str(path), str(other)], check=True)
-    with pytest.raises(NativeBuildError, match=r"struct size 192, expected 1 / 256; delete it to rebuild"):
+    with pytest.raises(NativeBuildError, match=r"struct size and field offsets .* delete it to rebuild"):
         native_read.load()
+
+
+def test_an_interrupted_build_leaves_no_file(fresh, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(native_read.subprocess, "run", interrupted)
+    monkeypatch.setattr(native_read, "_compiler_identity", lambda cc: "cc 1.0")
+    with pytest.raises(KeyboardInterrupt):
+        native_read.build()
+    assert [p.name for p in native_read.library_path().parent.iterdir()] == [".lock"]
+
+
+def test_concurrent_builds_make_one_library(fresh):
+    """Two workers starting at once: one compiles, the other waits for the lock and loads that file."""
+    slow_cc = fresh / "slow-cc"
+    slow_cc.write_text("#!/bin/sh\nsleep 1\nexec cc \"$@\"\n")
+    slow_cc.chmod(0o755)
+    code = "from sglang_ssd_stream.ple import native_read as n; n.load(); print(n.library_path())"
+    env = {**os.environ, "CC": str(slow_cc), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    paths = {o.strip() for o, _ in outs}
+    assert len(paths) == 1
+    built = Path(paths.pop())
+    assert sorted(p.name for p in built.parent.iterdir()) == [".lock", native_read.LIB_NAME]
+    assert built.stat().st_mode & 0o777 == 0o755
 
 
 def test_an_unwritable_cache_is_refused(fresh, monkeypatch):

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from .sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
+
 ERROR, WARNING, OK = "error", "warning", "ok"
 GIB = 1 << 30
 
@@ -45,7 +47,6 @@ C_COMPILERS = ("cc", "gcc", "clang")
 CXX_COMPILERS = ("c++", "g++", "clang++")
 ALLOW_UNPATCHED_ENV = "SGLANG_SSD_STREAM_ALLOW_UNPATCHED"  # the plugin's name for it (plugin.py)
 PLE_SKIP_DEVICE_CHECK_ENV = "SGLANG_QWEN4_PLE_FILE_SKIP_DEVICE_CHECK"  # sglang's escape hatch
-MOUNTS_PATH = "/proc/mounts"
 
 SWAP_FIX = ("add a 14 GiB swapfile (write-up 000): sudo fallocate -l 14G /swapfile.thor && sudo chmod 600 "
             "/swapfile.thor && sudo mkswap /swapfile.thor && sudo swapon /swapfile.thor; echo '/swapfile.thor none "
@@ -67,14 +68,6 @@ class Device:
     total_memory_bytes: int
     integrated: bool  # unified memory (Jetson Thor, GB10): device memory is the host's
     pageable_memory_access: bool | None  # cudaDevAttrPageableMemoryAccessUsesHostPageTables; None: unknown
-
-
-@dataclass(frozen=True)
-class Disk:
-    path: str
-    fstype: str | None
-    device: str | None  # block device name, e.g. nvme0n1
-    kind: str  # "nvme" | "ssd" | "hdd" | "network" | "memory" | "unknown"
 
 
 @dataclass(frozen=True)
@@ -207,49 +200,6 @@ def journald_persistent(etc: str | Path = "/etc/systemd", var_log: str | Path = 
     if storage == "auto":
         return Path(var_log).is_dir()
     return False
-
-
-def _unescape(field: str) -> str:
-    return field.encode().decode("unicode_escape")  # /proc/mounts writes a space as \040
-
-
-def _mounts(mounts_path: str) -> list[tuple[str, str, str]]:
-    """(source, mount point, fstype) per line of a mounts table."""
-    try:
-        lines = Path(mounts_path).read_text().splitlines()
-    except OSError:
-        return []
-    return [(_unescape(p[0]), _unescape(p[1]), p[2]) for p in (line.split() for line in lines) if len(p) >= 3]
-
-
-def classify_disk(path: str | os.PathLike, *, mounts_path: str = MOUNTS_PATH, sys_root: str = "/sys") -> Disk:
-    """The storage behind ``path``: the longest mount point above it, its filesystem and block device."""
-    from .sidecar.format import NETWORK_FS_TYPES
-
-    real = os.path.realpath(path)
-    best = None
-    for source, point, fstype in _mounts(mounts_path):
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) > len(best[1])):
-            best = (source, point, fstype)
-    if best is None:
-        return Disk(str(path), None, None, "unknown")
-    source, _, fstype = best
-    if fstype in NETWORK_FS_TYPES:
-        return Disk(str(path), fstype, None, "network")
-    if fstype in ("tmpfs", "ramfs"):
-        return Disk(str(path), fstype, None, "memory")
-    if not source.startswith("/dev/"):
-        return Disk(str(path), fstype, None, "unknown")
-    name = os.path.basename(os.path.realpath(source)) if os.path.exists(source) else os.path.basename(source)
-    block = Path(sys_root, "class", "block", name)
-    disk = name
-    if block.exists() and (block / "partition").exists():
-        disk = block.resolve().parent.name  # a partition: its disk is the parent in sysfs
-    if disk.startswith("nvme"):
-        return Disk(str(path), fstype, disk, "nvme")
-    rotational = _read_int(Path(sys_root, "block", disk, "queue", "rotational"))
-    return Disk(str(path), fstype, disk, {0: "ssd", 1: "hdd"}.get(rotational, "unknown"))
 
 
 def _compiler(names: Iterable[str]) -> str | None:

@@ -103,39 +103,14 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def disk_kind(path: str | os.PathLike, fstype: str | None) -> str:
-    """Classify the storage behind ``path`` (``/sys/dev/block`` of its device)."""
-    from sglang_ssd_stream.sidecar.format import NETWORK_FS_TYPES
-
-    if fstype in NETWORK_FS_TYPES:
-        return "network"
-    if fstype in ("tmpfs", "ramfs"):
-        return "memory"
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "unknown"
-    dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
-    if not dev.exists():
-        return "unknown"  # overlay, btrfs subvolume, device mapper …: no single block device
-    real = dev.resolve()
-    queue = real / "queue" if (real / "queue").exists() else real.parent / "queue"
-    if real.name.startswith("nvme") or real.parent.name.startswith("nvme"):
-        return "nvme"
-    rotational = _read_int(str(queue / "rotational"))
-    return {0: "ssd", 1: "hdd"}.get(rotational, "unknown")
-
-
 def sidecar_disks(settings: env.PleSettings) -> tuple[DiskFacts, ...]:
     """Load the sidecar manifest (refusing a bad one) and classify the disks of its tables."""
-    from sglang_ssd_stream.sidecar.format import filesystem_type, load_manifest
+    from sglang_ssd_stream.sidecar.format import load_manifest
+    from sglang_ssd_stream.sidecar.storage import classify_disk
 
     manifest = load_manifest(settings.sidecar)
-    out = []
-    for table in manifest.tables:
-        fs = filesystem_type(table.file)
-        out.append(DiskFacts(str(table.file), fs, disk_kind(table.file, fs)))
-    return tuple(out)
+    disks = [classify_disk(table.file) for table in manifest.tables]
+    return tuple(DiskFacts(d.path, d.fstype, d.kind) for d in disks)
 
 
 def _platform() -> tuple[bool, str]:

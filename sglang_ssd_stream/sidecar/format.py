@@ -42,6 +42,7 @@ from .errors import (
     SidecarTruncated,
     SidecarWarning,
 )
+from .storage import NETWORK_FS_TYPES, filesystem_type  # noqa: F401 - re-exported: part of this module's API
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +70,6 @@ _TABLE_OPTIONAL = ("row_start",)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 SCALE_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.weight_scale$")
 
-# Filesystems where random 4 KiB reads go over a network (warned about, not refused).
-NETWORK_FS_TYPES = frozenset(
-    {
-        "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "9p", "afs", "coda", "ceph", "glusterfs",
-        "lustre", "gpfs", "beegfs", "pvfs2", "orangefs", "davfs", "fuse.sshfs", "fuse.s3fs",
-        "fuse.rclone", "fuse.gcsfuse", "fuse.glusterfs", "fuse.ceph", "fuse.juicefs", "fuse.goofys",
-        "fuse.blobfuse", "fuse.blobfuse2", "fuse.mountpoint-s3", "fuse.davfs2", "fuse.cephfs",
-    }
-)
-MOUNTS_PATH = "/proc/mounts"
 
 
 @dataclass(frozen=True)
@@ -456,32 +447,6 @@ def find_weight_scales(root: str | os.PathLike) -> dict[int, WeightScale]:
 
 
 # ----------------------------------------------------------------------------- network filesystems
-
-
-def _unescape_mount(field: str) -> str:
-    # /proc/mounts writes space, tab, newline and backslash as \040, \011, \012, \134
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def filesystem_type(path: str | os.PathLike, *, mounts_path: str | None = None) -> str | None:
-    """The filesystem type holding ``path`` according to the mounts table (None if unknown)."""
-    real = os.path.realpath(path)
-    try:
-        with open(mounts_path or MOUNTS_PATH, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    best, best_len = None, -1
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        mnt, fstype = _unescape_mount(parts[1]), parts[2]
-        prefix = mnt.rstrip("/") + "/"
-        if real == mnt or real.startswith(prefix) or mnt == "/":
-            if len(mnt) >= best_len:  # later entries of the same mount point stack on top
-                best, best_len = fstype, len(mnt)
-    return best
 
 
 def _warn_network(path: Path, fstype: str) -> None:

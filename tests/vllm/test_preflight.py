@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from vllm_ple_offload import env, preflight
@@ -118,11 +120,28 @@ def test_sidecar_disk(kind, level):
         assert d.fix == "copy the artifact to a local NVMe disk"
 
 
-def test_disk_kind_of_memory_and_network_filesystems(tmp_path):
-    assert preflight.disk_kind(tmp_path, "tmpfs") == "memory"
-    assert preflight.disk_kind(tmp_path, "nfs") == "network"
-    assert preflight.disk_kind(tmp_path / "missing", "ext4") == "unknown"
-    assert preflight.disk_kind(tmp_path, "ext4") in ("nvme", "ssd", "hdd", "unknown")
+@pytest.mark.parametrize("fstype,kind", [("nfs4", "network"), ("tmpfs", "memory"), ("overlay", "unknown")])
+def test_sidecar_disks_use_the_shared_classification(tmp_path, monkeypatch, fstype, kind):
+    """vLLM's preflight classifies with the same code as sglang's doctor (sidecar.storage)."""
+    import numpy as np
+
+    from sglang_ssd_stream.sidecar import storage
+    from tests.vllm.synthetic import write_sidecar
+
+    man = write_sidecar(tmp_path / "art", {3: ("bfloat16", np.zeros((4, 8), np.uint8))})
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\nsrc {(tmp_path / 'art').resolve()} {fstype} rw 0 0\n")
+    monkeypatch.setattr(storage, "MOUNTS_PATH", str(mounts))
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM_PLE_SIDECAR": str(man)})
+    from sglang_ssd_stream.sidecar.errors import SidecarWarning
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        [disk] = preflight.sidecar_disks(s)
+    network_warnings = [w for w in seen if issubclass(w.category, SidecarWarning) and "network filesystem" in str(w.message)]
+    assert len(network_warnings) == (kind == "network")  # the manifest's warning agrees with the classification
+    assert (disk.fstype, disk.kind) == (fstype, kind)
+    assert storage.classify_disk(disk.path).kind == kind
 
 
 def test_sidecar_missing_is_refused(tmp_path):

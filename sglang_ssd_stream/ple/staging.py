@@ -100,6 +100,9 @@ class SidecarGather:
             raise StagingCapacityError(
                 f"PLE lookup needs {n} rows but the sidecar staging holds {self.capacity_rows} "
                 f"(sized from chunked_prefill_size × 16); raise SGLANG_SSD_STREAM_PLE_MAX_TOKENS or lower the chunk size")
+        self._check_out(n, out)
+
+    def _check_out(self, n: int, out: torch.Tensor) -> None:
         if tuple(out.shape) != (n, self.columns) or out.dtype != torch.bfloat16 or not out.is_contiguous():
             raise ValueError(f"PLE output must be contiguous bf16 [{n}, {self.columns}], got {out.dtype} {tuple(out.shape)}")
 
@@ -158,8 +161,7 @@ class SidecarGather:
             raise StagingCapacityError(
                 f"a captured PLE lookup needs {n} rows but the graph slot holds {self.graph_rows} "
                 f"(sized from the chunk: SGLANG_SSD_STREAM_PLE_MAX_TOKENS × 16)")
-        if tuple(out.shape) != (n, self.columns) or out.dtype != torch.bfloat16 or not out.is_contiguous():
-            raise ValueError(f"PLE output must be contiguous bf16 [{n}, {self.columns}], got {out.dtype} {tuple(out.shape)}")
+        self._check_out(n, out)
         if n == 0:
             return
         ids_np, rows_np, reader = self.graph_ids.numpy()[:n], self.graph_rows_host.numpy()[:n], self.reader

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from .ple.native_read import C_COMPILERS
 from .sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
 
 ERROR, WARNING, OK = "error", "warning", "ok"
@@ -43,7 +44,6 @@ FP8_INDEXER_MAJORS = (9, 10)  # sglang 0.5.23: "--qsa-indexer-dtype fp8_e4m3 req
 SM110_MAJOR = 11
 THOR_SWAP_MIN_BYTES = 15 * GIB  # write-up 000: "about 16 GB total swap" (JetPack's ~2 GB + a 14 GiB file)
 THOR_SWAPPINESS = 10
-C_COMPILERS = ("cc", "gcc", "clang")
 CXX_COMPILERS = ("c++", "g++", "clang++")
 ALLOW_UNPATCHED_ENV = "SGLANG_SSD_STREAM_ALLOW_UNPATCHED"  # the plugin's name for it (plugin.py)
 PLE_SKIP_DEVICE_CHECK_ENV = "SGLANG_QWEN4_PLE_FILE_SKIP_DEVICE_CHECK"  # sglang's escape hatch

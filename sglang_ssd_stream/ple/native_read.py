@@ -11,11 +11,13 @@ reads them at every replay.
 Lifetime: sglang's graph runner owns the graphs, not us, so a captured node is kept for the life
 of the process (:func:`keep_for_graphs`): the struct, the arrays and the mapping it points to, and
 its own duplicate of the table's descriptor stay valid however the reader or the gather is closed
-or dropped. Closing only sets a flag, and a replay after that ends the process with a message. The library is compiled once per machine with the system C compiler (``$CC``, else
-Python's, else ``cc``; Triton compiles its launchers the same way) into
-``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed by the source, the compiler and the machine;
-compiled under a file lock into a temporary name and renamed, so concurrent workers and a crash
-leave either no library or a whole one.
+or dropped. Closing only sets a flag, and a replay after that ends the process with a message.
+
+Build: once per machine with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang`` on PATH;
+Triton compiles its launchers the same way) into ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed
+by the source, the compiler and its version, the flags, the machine and its C library; compiled
+under a file lock into a temporary name and renamed, so concurrent workers and a crash leave
+either no library or a whole one. Loading refuses a library whose struct layout differs from ours.
 
 Imports neither torch nor an engine.
 """
@@ -28,8 +30,8 @@ import hashlib
 import os
 import platform
 import shlex
+import shutil
 import subprocess
-import sysconfig
 import tempfile
 import threading
 import weakref
@@ -47,6 +49,7 @@ LIB_NAME = "libssd_native_read.so"
 ABI = 1  # SSD_ABI in native_read.c
 EXIT_CODE = 70  # SSD_EXIT_CODE in native_read.c (EX_SOFTWARE)
 CFLAGS = ("-O2", "-std=c11", "-fPIC", "-shared", "-pthread")
+C_COMPILERS = ("cc", "gcc", "clang")  # tried in this order without $CC (the doctor checks the same)
 IO_CODES = {"mmap": 0, "pread": 1}  # SSD_IO_* in native_read.c
 # A page-cache pread costs ~1 us of syscall per row, a disk read tens of us: slower than this per row
 # is the disk (the mapped reader's memcpy uses SLOW_ROW_S).
@@ -58,11 +61,12 @@ class NativeBuildError(EnvironmentProblem):
 
 
 class _Read(ctypes.Structure):
-    """``ssd_read_t`` of native_read.c, field by field (``ssd_read_sizeof`` checks the layout)."""
+    """``ssd_read_t`` of native_read.c, field by field (``ssd_read_layout`` checks the layout)."""
 
     _fields_ = [
         ("rows", ctypes.c_void_p), ("local_rows", ctypes.c_int64), ("vocab_start", ctypes.c_int64),
-        ("row_start", ctypes.c_int64), ("total_rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("table_bytes", ctypes.c_int64),
+        ("row_start", ctypes.c_int64), ("total_rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64),
+        ("table_bytes", ctypes.c_int64),
         ("ids", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", ctypes.c_int64),
         ("inline_rows", ctypes.c_int64), ("slow_row_s", ctypes.c_double), ("fd", ctypes.c_int32),
         ("workers", ctypes.c_int32), ("closed", ctypes.c_int32), ("io", ctypes.c_int32),
@@ -71,8 +75,14 @@ class _Read(ctypes.Structure):
 
 
 def compiler() -> list[str]:
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    return shlex.split(cc)
+    """``$CC``, else the first of :data:`C_COMPILERS` on PATH. Not Python's build-time ``CC``: a
+    relocatable Python reports the compiler of the machine it was built on."""
+    if os.environ.get("CC"):
+        return shlex.split(os.environ["CC"])
+    for name in C_COMPILERS:
+        if shutil.which(name):
+            return [name]
+    raise NativeBuildError(_hint(f"no C compiler on PATH ({', '.join(C_COMPILERS)}) and CC is not set"))
 
 
 @functools.lru_cache(maxsize=8)

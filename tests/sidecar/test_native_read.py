@@ -223,6 +223,26 @@ def test_a_machine_without_a_working_compiler_is_refused_with_the_way_out(fresh,
     assert [p for p in native_read.library_path().parent.iterdir() if p.name != ".lock"] == []  # no temp left
 
 
+def test_no_compiler_on_path_is_refused_with_the_way_out(fresh, monkeypatch):
+    """Without $CC the compiler comes from PATH (not from Python's build-time CC)."""
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(fresh / "empty"))
+    with pytest.raises(NativeBuildError, match=r"(?s)no C compiler on PATH \(cc, gcc, clang\) and CC is not set.*"
+                                               r"--disable-cuda-graph"):
+        native_read.load()
+
+
+def test_without_cc_the_first_compiler_on_path_is_used(fresh, monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    (fresh / "bin").mkdir()
+    for tool, name in (("cc", "gcc"), ("as", "as"), ("ld", "ld")):  # no `cc` on this PATH: the next name is taken
+        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        (fresh / "bin" / name).symlink_to(real)
+    monkeypatch.setenv("PATH", str(fresh / "bin"))
+    assert native_read.compiler() == ["gcc"]
+    assert native_read.load().ssd_abi() == native_read.ABI
+
+
 @pytest.mark.parametrize("change", ["smaller-field", "swapped-fields"])
 def test_a_library_of_another_layout_is_refused(fresh, monkeypatch, change):
     """A library in the cache whose struct differs from ours would read garbage: refused at load,

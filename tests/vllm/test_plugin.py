@@ -27,7 +27,7 @@ CHECKS = [
 def test_engine_checks(vllm, check):
     result = vllm.run_checks(check)
     outcomes = outcomes_only(result)
-    assert outcomes and set(outcomes.values()) == {"passed"}, (outcomes, result["__output__"])
+    assert outcomes and set(outcomes.values()) == {"passed"}, f"{outcomes}\n{result['__output__']}"
 
 
 def serve_help(vllm, **extra_env) -> subprocess.CompletedProcess:

@@ -12,4 +12,5 @@ from ..engine import outcomes_only
 def test_tp_checks(vllm):
     result = vllm.run_checks("tests/vllm/checks/check_tp_ple.py")
     outcomes = outcomes_only(result)
-    assert len(outcomes) == 6 and set(outcomes.values()) == {"passed"}, (outcomes, result["__output__"])
+    # The message is the check run's own output, as a string: pytest would cut a repr'd tuple short.
+    assert len(outcomes) == 6 and set(outcomes.values()) == {"passed"}, f"{outcomes}\n{result['__output__']}"

@@ -306,11 +306,15 @@ def sglang_rank_main(rank: int, world: int, args) -> None:
             torch.cuda.synchronize(device)
             ok &= torch.equal(consumed.view(torch.int16), want.view(torch.int16))
         result["checks"][f"sglang_{mode}_graph_host_node"] = ok
+        del graph  # a live graph holding NCCL work kept destroy_process_group() waiting (2026-11-29, H200x2)
+        torch.cuda.synchronize(device)
         g.close()
     step("done")
     Path(args.out_dir, f"sglang-rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
+    step("destroy_process_group")
     dist.destroy_process_group()
+    step("exit")
 
 
 def spawn_sglang(world: int, args) -> list[dict]:

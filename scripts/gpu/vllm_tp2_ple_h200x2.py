@@ -13,14 +13,12 @@ Checks (exit 1 if one fails), for random ids, ids at the shard boundary, and dup
 - eager: the assembled rows on both ranks equal a TP=1 read, bit for bit;
 - CUDA-graph replay: a graph holding the NCCL all-reduce and a consumer is replayed after our
   lookup ran eagerly into its input buffer (as vLLM's breakable graphs run it); same result.
-- ``--with-sglang``: SGLang's side (``--src`` also holds ``sglang_vocab_parallel_embedding.py``). Its
-  first run on the H200x2 (with the Python host node of the time, no progress output) hung: no
-  output within 330 s, not diagnosed. A Python host node was later seen to abort a process on one
-  H200 (a garbage collection inside it called CUDA), a plausible cause; captured reads are native
-  now. Each rank prints every step and keeps ``sglang-tp2/sglang-rank{r}.partial.json`` beside
-  ``--out`` up to date; ``--watchdog-s`` makes the ranks dump their stacks. What it checks: ranges from sglang's
+- ``--with-sglang``: SGLang's side (``--src`` also holds ``sglang_vocab_parallel_embedding.py``;
+  passed on the H200x2, ``benchmarks/vllm_ple/README.md``). Each rank prints every step and keeps
+  ``sglang-tp2/sglang-rank{r}.partial.json`` beside ``--out`` up to date; ``--watchdog-s`` makes the
+  ranks dump their stacks. What it checks: ranges from sglang's
   arithmetic, rows through our ``SidecarGather`` (BF16), a BF16 NCCL all-reduce, on a table without
-  NaN and -0.0 bytes; eager, and a CUDA graph capturing the read as a host node plus the all-reduce,
+  NaN and -0.0 bytes; eager, and a CUDA graph capturing the read as a native host node plus the all-reduce,
   replayed with new ids.
 Measures (same run): delivery time of a 2,048-token chunk (32,768 rows), TP=2 (both ranks
 gather half the rows, then the all-reduce) vs TP=1, page cache warm and cold; ratio TP2/TP1.
@@ -353,7 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--with-sglang", action="store_true",
-                    help="also the SGLang-side (SidecarGather) TP check: NOT yet proven, its first run hung")
+                    help="also the SGLang-side (SidecarGather) TP check")
     ap.add_argument("--watchdog-s", type=float, default=0, help="SGLang ranks dump their stacks and exit after this")
     ap.add_argument("--sglang-table-gib", type=float, default=1.0)
     ap.add_argument("--out", required=True)

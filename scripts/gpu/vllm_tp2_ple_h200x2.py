@@ -91,16 +91,20 @@ def rank_range(ns, rows: int, rank: int, world: int) -> tuple[int, int]:
     return idx.org_vocab_start_index, idx.org_vocab_end_index
 
 
-def write_table(d: Path, rows: int) -> Path:
+def write_table(d: Path, rows: int, *, seed: int = 5, finite: bool = False) -> Path:
+    """A random FP8 table and its manifest. ``finite``: no NaN (0x7F/0xFF) and no -0.0 (0x80) bytes,
+    so that a BF16 all-reduce of ``row + 0`` is exact (the SGLang-side check)."""
     d.mkdir(parents=True, exist_ok=True)
-    path, sha, rng = d / "layer-3.bin", hashlib.sha256(), np.random.default_rng(5)
+    path, sha, rng = d / "layer-3.bin", hashlib.sha256(), np.random.default_rng(seed)
     with open(path, "wb") as f:
         left = rows * ROW_BYTES
         while left:
-            chunk = rng.integers(0, 256, min(left, 256 << 20), dtype=np.uint8).tobytes()
-            f.write(chunk)
-            sha.update(chunk)
-            left -= len(chunk)
+            chunk = rng.integers(0, 256, min(left, 256 << 20), dtype=np.uint8)
+            if finite:
+                chunk[((chunk & 0x7F) == 0x7F) | (chunk == 0x80)] = 0
+            f.write(chunk.tobytes())
+            sha.update(chunk.tobytes())
+            left -= chunk.size
     (d / "ssd-stream.json").write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
         {"layer": 3, "path": path.name, "sha256": sha.hexdigest(), "dtype": "float8_e4m3fn", "rows": rows,
          "columns": ROW_BYTES, "bytes": rows * ROW_BYTES}]}))
@@ -209,24 +213,6 @@ def timing(g, table, ids, n, device, args, rank, world, kind) -> list[dict]:
         rows.append({"source": kind, "cache": cache, "world": world, "rank": rank, "ids": n,
                      "median_ms": statistics.median(times), "min_ms": min(times)})
     return rows
-
-
-def write_finite_table(d: Path, rows: int) -> Path:
-    """FP8 bytes without NaN (0x7F/0xFF) and -0.0 (0x80): a BF16 all-reduce of ``row + 0`` is then exact."""
-    d.mkdir(parents=True, exist_ok=True)
-    path, sha, rng = d / "layer-3.bin", hashlib.sha256(), np.random.default_rng(6)
-    with open(path, "wb") as f:
-        left = rows * ROW_BYTES
-        while left:
-            chunk = rng.integers(0, 256, min(left, 256 << 20), dtype=np.uint8)
-            chunk[((chunk & 0x7F) == 0x7F) | (chunk == 0x80)] = 0
-            f.write(chunk.tobytes())
-            sha.update(chunk.tobytes())
-            left -= chunk.size
-    (d / "ssd-stream.json").write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
-        {"layer": 3, "path": path.name, "sha256": sha.hexdigest(), "dtype": "float8_e4m3fn", "rows": rows,
-         "columns": ROW_BYTES, "bytes": rows * ROW_BYTES}]}))
-    return d / "ssd-stream.json"
 
 
 def sglang_rank_main(rank: int, world: int, args) -> None:
@@ -377,7 +363,7 @@ def main(argv=None) -> int:
     report["tp2_vs_tp1"] = ratios
     if args.device == "cuda" and args.with_sglang:
         rows_f = 8_000 if args.quick else int(args.sglang_table_gib * (1 << 30)) // ROW_BYTES // 64 * 64
-        args.finite_manifest = str(write_finite_table(Path(args.dir) / "sglang", rows_f))
+        args.finite_manifest = str(write_table(Path(args.dir) / "sglang", rows_f, seed=6, finite=True))
         sg2 = spawn_sglang(2, args)
         report["sglang_ranges"] = [r["range"] for r in sg2]
         checks.update({f"sglang_rank{r['rank']}_{k}": v for r in sg2 for k, v in r["checks"].items()})

@@ -263,6 +263,14 @@ def test_a_library_of_another_layout_is_refused(fresh, monkeypatch, change):
         native_read.load()
 
 
+def test_a_cached_file_that_is_no_library_is_refused(fresh):
+    path = native_read.library_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not an ELF file")
+    with pytest.raises(NativeBuildError, match=r"cannot load the native host-node library .*libssd_native_read\.so"):
+        native_read.load()
+
+
 def test_an_interrupted_build_leaves_no_file(fresh, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt

@@ -9,29 +9,32 @@ from . import __version__
 from .errors import EXIT_USAGE, KitError
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse with the kit's usage exit code (both CLIs)."""
+
     def error(self, message):  # argparse's own exit code 2 would collide with "refused"
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .doctor import add_doctor_command
-    from .model_view import add_model_view_commands
     from .operate import add_operate_commands
+    from .operate.model_view import add_model_view_commands
+    from .sglang.doctor import add_doctor_command
+    from .sglang.side import SIDE as SGLANG_SIDE
     from .patching.cli import add_patch_commands
     from .sidecar.cli import add_sidecar_commands
 
-    parser = _Parser(prog="sglang-ssd-stream",
+    parser = Parser(prog="sglang-ssd-stream",
                      description="Patches and PLE streaming for Qwen3.8 Flash-Next on SGLang.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_patch_commands(sub, "sglang")
     sidecar = sub.add_parser("sidecar", help="build and verify PLE sidecars")
-    add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=_Parser))
+    add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=Parser))
     model = sub.add_parser("model", help="build and check model views (checkpoint without PLE shards + sidecar)")
-    add_model_view_commands(model.add_subparsers(dest="verb", required=True, parser_class=_Parser))
-    add_operate_commands(sub, "sglang")  # serve, plan, service, update-model, validate
+    add_model_view_commands(model.add_subparsers(dest="verb", required=True, parser_class=Parser))
+    add_operate_commands(sub, SGLANG_SIDE)  # serve, plan, service, update-model, validate
     add_doctor_command(sub)
     return parser
 

@@ -103,7 +103,7 @@ def test_real_install_then_verified_noop_rerun(tmp_path):
     # The installed kit carries the native host-node source (package data) and compiles it.
     home = tmp_path / "kit-home"
     built = subprocess.run([str(venv / "bin" / "python"), "-c",
-                            "from sglang_ssd_stream.ple import native_read as n; n.load(); print(n.library_path())"],
+                            "from sglang_ssd_stream.staging import native_read as n; n.load(); print(n.library_path())"],
                            env={**os.environ, "SGLANG_SSD_STREAM_HOME": str(home)}, cwd=tmp_path,
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr

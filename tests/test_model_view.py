@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sglang_ssd_stream.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_REFUSED
-from sglang_ssd_stream.model_view import (
+from sglang_ssd_stream.operate.model_view import (
     BACKUP_NAME,
     MARKER_NAME,
     ForeignViewDirectory,
@@ -98,7 +98,7 @@ def snaps(tmp_path):
 
 def cli(*args: str, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
     code = ("import sys, argparse; "
-            "from sglang_ssd_stream.model_view import add_model_view_commands as add; "
+            "from sglang_ssd_stream.operate.model_view import add_model_view_commands as add; "
             "from sglang_ssd_stream.errors import KitError\n"
             "p = argparse.ArgumentParser(); s = p.add_subparsers(required=True); add(s)\n"
             "a = p.parse_args(sys.argv[1:])\n"

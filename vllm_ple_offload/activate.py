@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import LOGGER_NAME, env, hook
+from . import LOGGER_NAME, env, post_import
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -30,7 +30,7 @@ def install_nvidia(settings: env.PleSettings):
     def callback(module) -> None:
         import importlib
 
-        from .backends import RefusedDeviceEmbedding, StreamedPLEEmbedding, RegisteredPinnedPLEEmbedding, \
+        from .embedding import RefusedDeviceEmbedding, RegisteredPinnedPLEEmbedding, StreamedPLEEmbedding, \
             select_backend
 
         common = importlib.import_module(COMMON_MODULE)
@@ -62,13 +62,16 @@ def refuse_rocm(module) -> None:
 
 def activate(settings: env.PleSettings) -> None:
     """Guard and preflight (fatal on any error finding), then arm the swap."""
-    from . import guard, preflight
+    from sglang_ssd_stream.findings import WARNING
+    from sglang_ssd_stream.patching.guard import verdict
 
-    findings = guard.source_state_findings(settings)
-    findings += preflight.run_checks(settings, preflight.gather_facts(settings))
+    from . import doctor
+
+    findings = verdict("vllm").findings(allow_unpatched=settings.allow_unpatched)
+    findings += doctor.run_checks(settings, doctor.gather_facts(settings))
     for f in findings:
-        if f.level == preflight.WARNING:
+        if f.level == WARNING:
             log.warning("vllm-ple-offload: %s", f.line())
-    preflight.raise_on_errors(findings)
-    hook.when_imported(NVIDIA_MODULE, install_nvidia(settings))
-    hook.when_imported(AMD_MODULE, refuse_rocm)
+    doctor.raise_on_errors(findings)
+    post_import.when_imported(NVIDIA_MODULE, install_nvidia(settings))
+    post_import.when_imported(AMD_MODULE, refuse_rocm)

@@ -12,8 +12,8 @@ import json
 import sys
 
 from sglang_ssd_stream import __version__
-from sglang_ssd_stream.cli import _Parser
-from sglang_ssd_stream.errors import EXIT_ENVIRONMENT, EXIT_OK, KitError
+from sglang_ssd_stream.cli import Parser
+from sglang_ssd_stream.errors import KitError
 
 
 def build_parser():
@@ -21,17 +21,18 @@ def build_parser():
     from sglang_ssd_stream.patching.cli import add_patch_commands
 
     from . import env
+    from .side import SIDE as VLLM_SIDE
 
-    parser = _Parser(prog="vllm-ple-offload", description="Patches and PLE offload for Qwen3.8 Flash-Next on vLLM.")
+    parser = Parser(prog="vllm-ple-offload", description="Patches and PLE offload for Qwen3.8 Flash-Next on vLLM.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_patch_commands(sub, "vllm")
-    add_operate_commands(sub, "vllm")  # serve, plan, service, validate
+    add_operate_commands(sub, VLLM_SIDE)  # serve, plan, service, validate
     doctor = sub.add_parser(
         "doctor", help="check this machine and vLLM install for a PLE backend; every problem names its fix",
         description=f"Preflight of the vLLM PLE plugin: UVA, locked-memory limit, ptrace/expandable segments, "
                     f"sidecar disk, vLLM source state. Reads the {env.PREFIX}* variables; options override them. "
-                    f"Exit 0: no errors (warnings allowed); 4: some check failed; 64: bad settings.")
+                    f"Exit 0: nothing refused (warnings allowed); 2: a check refused; 64: bad command line.")
     doctor.add_argument("--backend", choices=env.BACKENDS, help=f"backend to check (default: {env.BACKEND} or "
                         f"{env.DEFAULT_BACKEND})")
     doctor.add_argument("--sidecar", metavar="PATH", help=f"ssd-stream.json or its directory (default: {env.SIDECAR})")
@@ -45,7 +46,10 @@ def build_parser():
 def run_doctor(args) -> int:
     import os
 
-    from . import env, guard, preflight
+    from sglang_ssd_stream.findings import as_json, exit_code
+    from sglang_ssd_stream.patching.guard import verdict
+
+    from . import doctor, env
 
     environ = dict(os.environ)
     assumed = environ.get(env.CPU_OFFLOAD) != "1"
@@ -61,21 +65,20 @@ def run_doctor(args) -> int:
         environ[env.SIDECAR] = args.sidecar
     settings = env.read_settings(environ)
     need = int(args.table_gib * (1 << 30)) if args.table_gib else None
-    facts = preflight.gather_facts(settings)
-    findings = guard.source_state_findings(settings) + preflight.run_checks(settings, facts, need_bytes=need)
-    ok = not preflight.errors_of(findings)
+    facts = doctor.gather_facts(settings)
+    findings = verdict("vllm").findings(allow_unpatched=settings.allow_unpatched)
+    findings += doctor.run_checks(settings, facts, need_bytes=need)
     if args.json:
-        doc = preflight.as_json(facts, findings)
-        doc["settings"] = {"backend": settings.backend, "sidecar": str(settings.sidecar) if settings.sidecar else None,
-                           "plugin_enabled": not assumed}
-        print(json.dumps(doc, indent=1, default=str))
+        settings_doc = {"backend": settings.backend, "sidecar": str(settings.sidecar) if settings.sidecar else None,
+                        "plugin_enabled": not assumed}
+        print(json.dumps(as_json(doctor.facts_json(facts), findings, settings=settings_doc), indent=1, default=str))
     else:
+        from sglang_ssd_stream.findings import print_report
+
         state = "assumed (the plugin is off)" if assumed else "from the environment"
         print(f"vllm-ple-offload doctor: {settings.describe()} ({state})")
-        for f in findings:
-            print(f.line())
-        print("OK: no errors" if ok else "FAILED: fix the errors above")
-    return EXIT_OK if ok else EXIT_ENVIRONMENT
+        print_report(findings, tool="vllm-ple-offload")
+    return exit_code(findings)
 
 
 def main(argv: list[str] | None = None) -> int:

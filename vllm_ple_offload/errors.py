@@ -19,9 +19,3 @@ class PreflightFailed(KitError, RuntimeError):
     """The machine or process cannot run the configured PLE backend (each finding names its fix)."""
 
     exit_code = EXIT_ENVIRONMENT
-
-
-class HostMemoryError(KitError, RuntimeError):
-    """Host memory for the PLE table could not be allocated or registered with CUDA."""
-
-    exit_code = EXIT_ENVIRONMENT

@@ -37,7 +37,7 @@ import numpy as np
 from sglang_ssd_stream.sidecar.errors import SidecarRowOutOfRange
 
 from . import LOGGER_NAME
-from .host_memory import account, allocate_registered, fmt_bytes, startup_line
+from sglang_ssd_stream.staging.host_memory import account, allocate_registered, fmt_bytes, startup_line
 
 log = logging.getLogger(LOGGER_NAME)
 

@@ -48,8 +48,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from sglang_ssd_stream.ple.kernels import convert_staged_rows  # noqa: E402
-from sglang_ssd_stream.ple.staging import SidecarGather  # noqa: E402
+from sglang_ssd_stream.staging.kernels import convert_staged_rows  # noqa: E402
+from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
 from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
@@ -492,7 +492,7 @@ def overlap(kernel, path, rows, pinned, args) -> list[dict]:
 def _compiler_version() -> str:
     import subprocess
 
-    from sglang_ssd_stream.ple import native_read
+    from sglang_ssd_stream.staging import native_read
 
     out = subprocess.run([*native_read.compiler(), "--version"], capture_output=True, text=True).stdout
     return f"{' '.join(native_read.compiler())}: {out.splitlines()[0] if out else '?'}"

@@ -55,7 +55,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_ssd_stream.sidecar.format import load_manifest  # noqa: E402
 from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
-from vllm_ple_offload.host_memory import allocate_registered, caching_allocator_bytes  # noqa: E402
+from sglang_ssd_stream.staging.host_memory import allocate_registered, caching_allocator_bytes  # noqa: E402
 from vllm_ple_offload.row_sources import SOURCES  # noqa: E402
 from vllm_ple_offload.streaming import StreamingGather  # noqa: E402
 

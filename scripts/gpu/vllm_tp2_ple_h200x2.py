@@ -219,7 +219,7 @@ def sglang_rank_main(rank: int, world: int, args) -> None:
     """SGLang's side: ranges from sglang's own arithmetic, rows through our ``SidecarGather`` (BF16
     out, other ranks' rows zero), then a BF16 NCCL all-reduce; eager, and as a CUDA graph that
     captures the read as a host node plus the all-reduce (how a TP decode step would replay)."""
-    from sglang_ssd_stream.ple.staging import SidecarGather
+    from sglang_ssd_stream.staging.gather import SidecarGather
     from sglang_ssd_stream.sidecar import open_reader
 
     if args.watchdog_s:

@@ -1,5 +1,6 @@
-"""argparse mounting: ``add_operate_commands(subparsers, engine)`` adds serve, plan, service,
-update-model (sglang) and validate. Handlers return exit codes and raise KitError subclasses."""
+"""argparse mounting: ``add_operate_commands(subparsers, side)`` adds serve, plan, service,
+update-model (where ``side.update_model``) and validate for the engine ``side`` describes
+(:class:`.side.EngineSide`). Handlers return exit codes and raise KitError subclasses."""
 
 from __future__ import annotations
 
@@ -45,12 +46,12 @@ def cmd_serve(args, exec_fn=None) -> int:
     from .preflight import preflight
     from .profiles import get_profile
 
-    profile = get_profile(args.profile, args.engine)
+    profile = get_profile(args.profile, args.side.name)
     model, draft = _resolve_model(args)
-    launch = build_launch(profile, model=model, draft=draft if profile.needs_draft else None, host=args.host,
+    launch = build_launch(profile, args.side, model=model, draft=draft if profile.needs_draft else None, host=args.host,
                           port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
                           allow_unauthenticated=args.allow_unauthenticated, extra=args.extra)
-    preflight(profile, model, draft if profile.needs_draft else None, launch.env, launch.argv)
+    preflight(args.side, profile, model, draft if profile.needs_draft else None, launch.env, launch.argv)
     if args.dry_run:
         print(launch.shell())
         return EXIT_OK
@@ -86,7 +87,7 @@ def cmd_plan(args) -> int:
     from .capacity import load_geometry, plan, render, sessions_of, weights_bytes
     from .profiles import get_profile
 
-    d = _profile_defaults(get_profile(args.profile, args.engine))
+    d = _profile_defaults(get_profile(args.profile, args.side.name))
     for key in ("context_length", "pool_tokens", "running", "draft_steps", "mamba_slots", "target_kv_dtype",
                 "draft_kv_dtype", "page_size", "mem_fraction", "tensor_parallel"):
         v = getattr(args, key, None)
@@ -123,22 +124,32 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def cmd_service(args) -> int:
+    return SERVICES[args.side.service][1](args)
+
+
+def _compose(args) -> int:
     from .profiles import get_profile
-    from .service import render_compose, render_systemd
+    from .service import render_compose
 
-    profile = get_profile(args.profile, args.engine)
-    if args.engine == "vllm":
-        text = render_compose(profile, service=args.name, image=args.image, model_dir=os.path.abspath(args.model),
-                              cache_dir=os.path.abspath(args.cache_dir), port=args.port, publish=args.publish,
-                              require_api_key=args.require_api_key, allow_unauthenticated=args.allow_unauthenticated,
-                              served_names=tuple(args.served_name or ()), gpus=tuple(args.gpus.split(",")),
-                              chat_template=os.path.abspath(args.chat_template) if args.chat_template else None)
-        _emit(text, args.output)
-        return EXIT_OK
+    profile = get_profile(args.profile, args.side.name)
+    text = render_compose(profile, args.side, service=args.name, image=args.image,
+                          model_dir=os.path.abspath(args.model), cache_dir=os.path.abspath(args.cache_dir),
+                          port=args.port, publish=args.publish, require_api_key=args.require_api_key,
+                          allow_unauthenticated=args.allow_unauthenticated, served_names=tuple(args.served_name or ()),
+                          gpus=tuple(args.gpus.split(",")),
+                          chat_template=os.path.abspath(args.chat_template) if args.chat_template else None)
+    _emit(text, args.output)
+    return EXIT_OK
+
+
+def _systemd(args) -> int:
     from .launch import check_exposure
+    from .profiles import get_profile
+    from .service import render_systemd
 
+    profile = get_profile(args.profile, args.side.name)
     check_exposure(args.host, args.api_key_file, args.allow_unauthenticated)
-    exe = args.cli or os.path.join(os.path.dirname(sys.executable), "sglang-ssd-stream")
+    exe = args.cli or os.path.join(os.path.dirname(sys.executable), args.side.tool)
     argv = [exe, "serve", "--profile", profile.name, "--model", os.path.abspath(args.model), "--host", args.host]
     if args.draft:
         argv += ["--draft", os.path.abspath(args.draft)]
@@ -152,9 +163,9 @@ def cmd_service(args) -> int:
         argv += ["--served-name", n]
     home = args.home or os.path.expanduser(f"~{args.user}")
     env = {"SGLANG_SSD_STREAM_HOME": args.data_dir} if args.data_dir else {}
-    text = render_systemd(name=args.name, description=f"Qwen3.8 Flash-Next on SGLang ({profile.name} profile)",
-                          user=args.user, group=args.group, workdir=args.workdir or home, home=home, exec_argv=argv,
-                          environment=env)
+    text = render_systemd(name=args.name, description=f"Qwen3.8 Flash-Next on {args.side.display} ({profile.name} "
+                          f"profile)", user=args.user, group=args.group, workdir=args.workdir or home, home=home,
+                          exec_argv=argv, environment=env)
     _emit(text, args.output)
     return EXIT_OK
 
@@ -217,25 +228,51 @@ def _served_context(args) -> int:
     raise ServerUnreachable(f"{args.url} does not report max_model_len for {args.model!r}; pass --context-length")
 
 
-def add_operate_commands(subparsers, engine: str) -> dict[str, argparse.ArgumentParser]:
-    """Add the operate commands for ``engine`` ("sglang" or "vllm"); returns the parsers by name."""
+def _systemd_args(v) -> None:
+    v.add_argument("--name", default="qwen38-ssd-stream", help="unit and syslog identifier")
+    v.add_argument("--user", required=True)
+    v.add_argument("--group")
+    v.add_argument("--home")
+    v.add_argument("--workdir")
+    v.add_argument("--draft")
+    v.add_argument("--data-dir")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--api-key-file")
+    v.add_argument("--cli", help="path of this CLI in the runtime (default: next to this Python)")
+
+
+def _compose_args(v) -> None:
+    v.add_argument("--name", default="vllm_qwen3_8_flash_next")
+    v.add_argument("--image", required=True, help="engine image with this kit installed")
+    v.add_argument("--cache-dir", required=True, help="host directory for /root/.cache")
+    v.add_argument("--publish", default="127.0.0.1", help="host address the port is published on")
+    v.add_argument("--require-api-key", action="store_true", help="take VLLM_API_KEY from the host environment")
+    v.add_argument("--gpus", default="0,1,2,3")
+    v.add_argument("--chat-template")
+
+
+# side.service -> (its arguments, its handler, its help)
+SERVICES = {"systemd": (_systemd_args, _systemd, "write a systemd unit"),
+            "compose": (_compose_args, _compose, "write a compose file")}
+
+
+def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]:
+    """Add the operate commands for the engine ``side`` describes; returns the parsers by name."""
     from .profiles import profiles_for
 
-    if engine not in ("sglang", "vllm"):
-        raise ValueError(f"engine must be 'sglang' or 'vllm', got {engine!r}")
-    names = profiles_for(engine)
+    names = profiles_for(side.name)
     parsers = {}
 
     s = subparsers.add_parser("serve", help="run the engine with a launch profile (preflight, then exec)")
     s.add_argument("--profile", required=True, choices=names)
     s.add_argument("--model", help="model directory (default: the snapshot in the data dir's state.json)")
-    if engine == "sglang":
+    if side.draft_option:
         s.add_argument("--draft", help="NEXTN draft (MTP) directory (default: <model>/mtp)")
     s.add_argument("--data-dir", help="data dir holding state.json (default: $SGLANG_SSD_STREAM_HOME)")
     _net_args(s)
     s.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
     s.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra engine arguments")
-    s.set_defaults(func=cmd_serve, engine=engine)
+    s.set_defaults(func=cmd_serve, side=side)
     parsers["serve"] = s
 
     p = subparsers.add_parser("plan", help="capacity plan: KV per token, pool, Mamba slots, memory fit")
@@ -257,45 +294,28 @@ def add_operate_commands(subparsers, engine: str) -> dict[str, argparse.Argument
     p.add_argument("--sessions", type=int, action="append", metavar="TOKENS",
                    help="how many sessions of this many tokens fit at once (repeatable)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_plan, engine=engine)
+    p.set_defaults(func=cmd_plan, side=side)
     parsers["plan"] = p
 
-    v = subparsers.add_parser("service", help="write a systemd unit" if engine == "sglang" else "write a compose file")
+    add_args, _, what = SERVICES[side.service]
+    v = subparsers.add_parser("service", help=what)
     v.add_argument("--profile", required=True, choices=names)
     v.add_argument("--model", required=True, help="model directory")
     v.add_argument("--served-name", action="append", help="served model name alias (repeatable on vLLM)")
     v.add_argument("--port", type=int)
     v.add_argument("--allow-unauthenticated", action="store_true")
     v.add_argument("-o", "--output", help="file to write (default: stdout)")
-    if engine == "sglang":
-        v.add_argument("--name", default="qwen38-ssd-stream", help="unit and syslog identifier")
-        v.add_argument("--user", required=True)
-        v.add_argument("--group")
-        v.add_argument("--home")
-        v.add_argument("--workdir")
-        v.add_argument("--draft")
-        v.add_argument("--data-dir")
-        v.add_argument("--host", default="127.0.0.1")
-        v.add_argument("--api-key-file")
-        v.add_argument("--cli", help="path of sglang-ssd-stream (default: next to this Python)")
-    else:
-        v.add_argument("--name", default="vllm_qwen3_8_flash_next")
-        v.add_argument("--image", required=True, help="vLLM image with this kit installed")
-        v.add_argument("--cache-dir", required=True, help="host directory for /root/.cache")
-        v.add_argument("--publish", default="127.0.0.1", help="host address the port is published on")
-        v.add_argument("--require-api-key", action="store_true", help="take VLLM_API_KEY from the host environment")
-        v.add_argument("--gpus", default="0,1,2,3")
-        v.add_argument("--chat-template")
-    v.set_defaults(func=cmd_service, engine=engine)
+    add_args(v)
+    v.set_defaults(func=cmd_service, side=side)
     parsers["service"] = v
 
-    if engine == "sglang":
+    if side.update_model:
         u = subparsers.add_parser("update-model", help="download, verify and switch to a prepared snapshot")
         u.add_argument("--repo", default=DEFAULT_MODEL_REPO)
         u.add_argument("--revision", required=True, help="commit, tag or branch (the commit is what gets pinned)")
         u.add_argument("--data-dir")
         u.add_argument("-q", "--quiet", action="store_true")
-        u.set_defaults(func=cmd_update_model, engine=engine)
+        u.set_defaults(func=cmd_update_model, side=side)
         parsers["update-model"] = u
 
     val = subparsers.add_parser("validate", help="run the validation suites against a running server")
@@ -320,7 +340,7 @@ def add_operate_commands(subparsers, engine: str) -> dict[str, argparse.Argument
     val.add_argument("--api-key-file")
     val.add_argument("--out", default="validate-report")
     val.add_argument("-q", "--quiet", action="store_true")
-    val.set_defaults(func=cmd_validate, engine=engine)
+    val.set_defaults(func=cmd_validate, side=side)
     parsers["validate"] = val
     return parsers
 

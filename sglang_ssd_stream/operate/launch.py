@@ -7,10 +7,10 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from .errors import ServeRefused
-from .profiles import DRAFT, FORBIDDEN_ENV, MODEL, Profile
+from .profiles import DRAFT, MODEL, Profile
+from .side import EngineSide
 
 # Flags serve owns: letting `-- extra` set them would bypass the bind/key check or the preflight.
 OWNED_FLAGS = frozenset({"--host", "--port", "--api-key", "--served-model-name", "--model-path", "--model",
@@ -101,7 +101,7 @@ def _fill(value: str | None, model: str, draft: str | None) -> str | None:
     return value
 
 
-def build_launch(profile: Profile, *, model: str, draft: str | None = None, host: str = "127.0.0.1",
+def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str | None = None, host: str = "127.0.0.1",
                  port: int | None = None, api_key: str | None = None, served_names: tuple[str, ...] = (),
                  allow_unauthenticated: bool = False, extra: list[str] | tuple[str, ...] = (),
                  python: str = sys.executable, base_env: dict | None = None) -> Launch:
@@ -112,19 +112,19 @@ def build_launch(profile: Profile, *, model: str, draft: str | None = None, host
     args = merge_extra(list(profile.args), extra)
     check_mamba_slots(args, extra)
     names = tuple(served_names) or ((profile.default_served_name,) if profile.default_served_name else ())
-    if profile.engine == "sglang" and len(names) > 1:
-        raise ServeRefused("sglang serves one --served-model-name; put a gateway in front for more aliases")
+    if profile.engine != side.name:
+        raise ServeRefused(f"profile {profile.name} is for {profile.engine}, not {side.name}")
+    if side.max_served_names is not None and len(names) > side.max_served_names:
+        count = "one" if side.max_served_names == 1 else str(side.max_served_names)
+        raise ServeRefused(f"{side.name} serves {count} --served-model-name; put a gateway in front for more aliases")
     env = dict(os.environ if base_env is None else base_env)
-    for var, bad in FORBIDDEN_ENV[profile.engine]:
+    for var, bad in side.forbidden_env:
         if bad in env.get(var, ""):
             raise ServeRefused(f"{var}={env[var]} breaks PLE CUDA IPC (pidfd_getfd: Operation not permitted); "
                                f"unset it")
     env.update(profile.env)
 
-    if profile.engine == "sglang":
-        argv = [python, "-m", "sglang.launch_server"]
-    else:
-        argv = [str(Path(python).parent / "vllm")]  # the console script of this interpreter's venv
+    argv = side.engine_argv(python)
     for flag, value in args:
         value = _fill(value, model, draft)
         argv.append(flag)

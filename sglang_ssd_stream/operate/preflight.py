@@ -1,21 +1,17 @@
-"""Checks run before ``serve`` execs the engine, and the seam to ``sglang_ssd_stream.doctor``.
+"""Checks run before ``serve`` execs the engine: our own file checks, then the adapter's doctor.
 
 Our own checks are cheap and certain (files exist, the sidecar manifest loads with the right
-sizes; no 47 GiB hash pass, the plugin does that with its cache). The doctor module, when it is
-adds host checks through ``doctor.preflight(engine=, profile=, model=, draft=, env=, argv=)``:
-it raises a KitError to refuse and returns a list of warning strings.
+sizes; no 47 GiB hash pass, the plugin does that with its cache). The engine's checks come from
+the adapter (``side.preflight``) as findings; a refusal stops the launch, warnings are printed.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-from pathlib import Path
 
+from ..findings import WARNING, refusal_text
 from .errors import ServeRefused
-
-DOCTOR_MODULE = "sglang_ssd_stream.doctor"
 
 
 def _need_config(kind: str, path: str | None) -> None:
@@ -33,17 +29,20 @@ def check_files(profile, model: str, draft: str | None) -> None:
         load_manifest(model, trusted_roots=[os.path.realpath(model)])  # raises Sidecar* (BadKitData) errors
 
 
-def run_doctor(profile, model: str, draft: str | None, env: dict, argv: list[str]) -> list[str]:
-    """``doctor.preflight`` sees the whole launch line (profile flags and extras); its KitError refuses."""
-    doctor = importlib.import_module(DOCTOR_MODULE)  # looked up at call time so tests can stand in
-    return list(doctor.preflight(engine=profile.engine, profile=profile.name, model=model, draft=draft, env=env,
-                                 argv=argv) or [])
+def run_doctor(side, profile, model: str, draft: str | None, env: dict, argv: list[str]) -> list:
+    """The adapter's doctor sees the whole launch line (profile flags and extras); returns its findings."""
+    return list(side.preflight(profile=profile.name, model=model, draft=draft, env=env, argv=argv) or [])
 
 
-def preflight(profile, model: str, draft: str | None, env: dict, argv: list[str] = ()) -> list[str]:
+def preflight(side, profile, model: str, draft: str | None, env: dict, argv: list[str] = ()) -> list[str]:
     """Raise on anything that must stop the launch; return warnings (printed on stderr by serve)."""
     check_files(profile, model, draft)
-    warnings = run_doctor(profile, model, draft, env, list(argv))
+    findings = run_doctor(side, profile, model, draft, env, list(argv))
+    refusal = refusal_text(findings, "doctor refused the launch:")
+    if refusal:
+        raise ServeRefused(refusal)
+    warnings = [f"{f.check}: {f.message}" + (f" (fix: {f.fix})" if f.fix else "") for f in findings
+                if f.level == WARNING]
     for w in warnings:
         print(f"preflight: warning: {w}", file=sys.stderr)
     return warnings

@@ -146,14 +146,6 @@ _A100X4 = Profile(
 
 PROFILES: MappingProxyType = MappingProxyType({p.name: p for p in (_THOR, _DISCRETE, _A100X4)})
 
-# Inherited variables a profile refuses: PLE IPC across processes fails with pidfd_getfd EPERM
-# under expandable segments (write-up 002 removed it).
-FORBIDDEN_ENV = MappingProxyType({
-    "vllm": (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),),
-    "sglang": (),
-})
-
-
 def profiles_for(engine: str) -> list[str]:
     return [name for name, p in PROFILES.items() if p.engine == engine]
 

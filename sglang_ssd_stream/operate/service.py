@@ -12,6 +12,7 @@ import re
 from .errors import ServeRefused
 from .launch import build_launch, check_exposure
 from .profiles import Profile
+from .side import EngineSide
 
 _SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -64,13 +65,14 @@ def _y(value) -> str:
 API_KEY_ENV = "VLLM_API_KEY"
 
 
-def render_compose(profile: Profile, *, service: str, image: str, model_dir: str, cache_dir: str, port: int | None,
+def render_compose(profile: Profile, side: EngineSide, *, service: str, image: str, model_dir: str, cache_dir: str, port: int | None,
                    publish: str, require_api_key: bool, allow_unauthenticated: bool, served_names: tuple[str, ...],
                    gpus: tuple[str, ...], chat_template: str | None = None, shm_size: str = "32g",
                    extra: list[str] | tuple[str, ...] = ()) -> str:
     """Compose file of write-up 002: SYS_PTRACE (pidfd_getfd for PLE IPC), memlock -1, ipc host; never privileged."""
-    if profile.engine != "vllm":
-        raise ServeRefused("compose files are for the vLLM profiles")
+    if side.service != "compose" or profile.engine != side.name:
+        raise ServeRefused(f"compose files are for the engines served from a container; {side.display} profile "
+                           f"{profile.name} is served by `service` as a systemd unit")
     # The published address is what clients reach; the key comes from the host's environment at
     # `docker compose up` (compose interpolation), so it is never written into the file.
     check_exposure(publish, "env" if require_api_key else None, allow_unauthenticated)
@@ -83,7 +85,7 @@ def render_compose(profile: Profile, *, service: str, image: str, model_dir: str
     if chat_template:
         volumes.append(f"{chat_template}:/opt/chat-template.jinja:ro")
         extra += ["--chat-template", "/opt/chat-template.jinja"]
-    launch = build_launch(profile, model="/model", host="0.0.0.0", port=port, api_key=None,
+    launch = build_launch(profile, side, model="/model", host="0.0.0.0", port=port, api_key=None,
                           served_names=served_names, allow_unauthenticated=True, extra=extra, base_env={})
     command = launch.argv[2:]  # the image's entrypoint is `vllm serve`
     env = dict(profile.env)

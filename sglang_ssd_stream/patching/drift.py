@@ -11,7 +11,6 @@ Watched functions (code we rely on without patching it) are reported as same/cha
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 from ..errors import EnvironmentProblem
 from .diff import HunkMismatch, apply_file, load_patch
 from .manifest import Manifest
+from .state import function_sha256
 from .wheels import fetch_wheel, wheel_file_bytes
 
 IDENTICAL, MOVED, UPSTREAM, CONFLICT = "identical", "moved", "upstream", "conflict"
@@ -62,22 +62,6 @@ class ReleaseDrift:
         if self.arch_mismatch:
             parts.append(f"x86_64/aarch64 differ: {', '.join(self.arch_mismatch)}")
         return ", ".join(parts) or "no patches"
-
-
-def function_sha256(source: bytes, qualname: str) -> str | None:
-    """SHA-256 of a function's exact source segment (``Class.method`` or ``function``); None if absent."""
-    text = source.decode("utf-8")
-    tree = ast.parse(text)
-    scope: list[ast.AST] = [tree]
-    node = None
-    for part in qualname.split("."):
-        node = next((n for s in scope for n in ast.iter_child_nodes(s)
-                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part), None)
-        if node is None:
-            return None
-        scope = [node]
-    segment = ast.get_source_segment(text, node)
-    return hashlib.sha256(segment.encode()).hexdigest() if segment is not None else None
 
 
 def _classify_file(data: bytes | None, unchanged: bool, patch_files, rel: str) -> tuple[FileDrift, bytes | None]:

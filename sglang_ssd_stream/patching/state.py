@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -23,6 +24,22 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def function_sha256(source: bytes, qualname: str) -> str | None:
+    """SHA-256 of a function's exact source segment (``Class.method`` or ``function``); None if absent."""
+    text = source.decode("utf-8")
+    tree = ast.parse(text)
+    scope: list[ast.AST] = [tree]
+    node = None
+    for part in qualname.split("."):
+        node = next((n for s in scope for n in ast.iter_child_nodes(s)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None:
+            return None
+        scope = [node]
+    segment = ast.get_source_segment(text, node)
+    return hashlib.sha256(segment.encode()).hexdigest() if segment is not None else None
 
 
 def resolve_inside(site_packages: Path, package: str, rel: str) -> Path:

@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from sglang_ssd_stream.sglang.side import SIDE as SGLANG_SIDE
+from vllm_ple_offload.side import SIDE as VLLM_SIDE
+
+SIDES = {"sglang": SGLANG_SIDE, "vllm": VLLM_SIDE}  # what each CLI hands to the operate commands
+
 # Geometry of write-up 000 §3: 48 layers, every 4th full attention (12), 2 KV heads x 256, one MTP
 # layer. The QSA index head (128, ratio 4) is the one that gives the measured 192 MiB at 262,144
 # tokens (12 layers x 128 x 2 B / 4); the GDN sizes are Qwen3-Next's (not in the write-ups).
@@ -64,10 +69,10 @@ def host_passes_doctor(request, monkeypatch):
     it saw; tests marked `real_doctor` keep the real one."""
     if request.node.get_closest_marker("real_doctor"):
         return None
-    import types
+    from sglang_ssd_stream.sglang import doctor as sglang_doctor
+    from vllm_ple_offload import doctor as vllm_doctor
 
     seen = []
-    doctor = types.ModuleType("sglang_ssd_stream.doctor")
-    doctor.preflight = lambda **kw: seen.append(kw) or []
-    monkeypatch.setitem(sys.modules, "sglang_ssd_stream.doctor", doctor)
+    for doctor in (sglang_doctor, vllm_doctor):
+        monkeypatch.setattr(doctor, "preflight", lambda **kw: seen.append(kw) or [])
     return seen

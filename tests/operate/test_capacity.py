@@ -10,7 +10,7 @@ from sglang_ssd_stream.operate.capacity import (GIB, load_geometry, mamba_bytes_
                                                 sessions_of, weights_bytes)
 from sglang_ssd_stream.operate.errors import ModelConfigError, PlanRefused
 
-from .conftest import write_model
+from .conftest import SIDES, write_model
 
 CTX = 262_144
 
@@ -203,7 +203,7 @@ def test_plan_command_uses_profile_values(tmp_path, capsys):
 
     m = write_model(tmp_path / "m")
     p = argparse.ArgumentParser()
-    add_operate_commands(p.add_subparsers(dest="command", required=True), "sglang")
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
     args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--json", "--sessions", "250000"])
     assert args.func(args) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -228,7 +228,7 @@ def test_plan_vllm_profile(tmp_path, capsys):
 
     m = write_model(tmp_path / "m")
     p = argparse.ArgumentParser()
-    add_operate_commands(p.add_subparsers(dest="command", required=True), "vllm")
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["vllm"])
     args = p.parse_args(["plan", "--profile", "a100x4", "--model", str(m), "--max-total-tokens", "2955692", "--json"])
     assert args.func(args) == 0
     doc = json.loads(capsys.readouterr().out)

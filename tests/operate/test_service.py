@@ -11,10 +11,12 @@ from sglang_ssd_stream.operate.errors import ServeRefused
 from sglang_ssd_stream.operate.profiles import PROFILES
 from sglang_ssd_stream.operate.service import render_compose, systemd_quote
 
+from .conftest import SIDES
+
 
 def _run(engine, argv, capsys):
     p = argparse.ArgumentParser()
-    add_operate_commands(p.add_subparsers(dest="command", required=True), engine)
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES[engine])
     args = p.parse_args(argv)
     assert args.func(args) == 0
     return capsys.readouterr().out
@@ -39,7 +41,7 @@ def test_systemd_open_bind_needs_key_file(tmp_path, capsys):
     base = ["service", "--profile", "thor", "--model", "/m", "--user", "u", "--home", "/h", "--cli", "/c",
             "--host", "0.0.0.0"]
     p = argparse.ArgumentParser()
-    add_operate_commands(p.add_subparsers(dest="command", required=True), "sglang")
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
     args = p.parse_args(base)
     with pytest.raises(ServeRefused, match="refusing to bind 0.0.0.0 without an API key"):
         args.func(args)
@@ -92,7 +94,7 @@ def _compose(**kw):
     args = dict(service="s", image="i", model_dir="/m", cache_dir="/c", port=None, publish="127.0.0.1",
                 require_api_key=False, allow_unauthenticated=False, served_names=(), gpus=("0", "1", "2", "3"))
     args.update(kw)
-    return render_compose(PROFILES["a100x4"], **args)
+    return render_compose(PROFILES["a100x4"], SIDES["vllm"], **args)
 
 
 def test_compose_public_port_needs_key_which_stays_out_of_the_file():
@@ -115,7 +117,7 @@ def test_compose_chat_template_mounted():
 
 
 def test_compose_refuses_sglang_profile():
-    with pytest.raises(ServeRefused, match="compose files are for the vLLM profiles"):
-        render_compose(PROFILES["thor"], service="s", image="i", model_dir="/m", cache_dir="/c", port=None,
+    with pytest.raises(ServeRefused, match="compose files are for the engines served from a container; SGLang profile thor"):
+        render_compose(PROFILES["thor"], SIDES["sglang"], service="s", image="i", model_dir="/m", cache_dir="/c", port=None,
                        publish="127.0.0.1", require_api_key=False, allow_unauthenticated=False, served_names=(),
                        gpus=("0",))

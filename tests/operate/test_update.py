@@ -11,7 +11,7 @@ import pytest
 from sglang_ssd_stream.operate.errors import ModelUpdateError, Offline
 from sglang_ssd_stream.operate.update import read_state, update_model
 
-from .conftest import write_model
+from .conftest import SIDES, write_model
 
 REPO = "org/prepared"
 C1, C2 = "1" * 40, "2" * 40
@@ -106,7 +106,7 @@ def test_update_command_output(tmp_path, capsys):
     data = tmp_path / "data"
     _cache_snapshot(data, C1)
     p = argparse.ArgumentParser()
-    add_operate_commands(p.add_subparsers(dest="command", required=True), "sglang")
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
     args = p.parse_args(["update-model", "--repo", REPO, "--revision", "main", "--data-dir", str(data), "-q"])
     assert args.func(args) == 0
     assert capsys.readouterr().out.startswith(f"Model updated: (none) -> {C1}\n")

@@ -21,6 +21,8 @@ from sglang_ssd_stream.operate.validate.suites import Settings
 
 from .server import Server, free_port, make_tiny_model
 
+from .conftest import SIDES
+
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
@@ -139,7 +141,7 @@ def test_validate_command_exit_codes(server, tmp_path, capsys):
     from sglang_ssd_stream.operate.errors import ValidationFailed
 
     p = argparse.ArgumentParser()
-    add_operate_commands(p.add_subparsers(dest="command", required=True), "sglang")
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
     args = p.parse_args(["validate", "--url", server.url, "--model", server.model, "--suite", "soak",
                          "--context-length", "600", "--soak-tokens", "64", "--cycles", "1", "--continue-tokens", "4",
                          "--compact-tokens", "4", "--kv-wait", "1", "--out", str(tmp_path / "o"), "-q"])

@@ -15,7 +15,7 @@ from sglang_ssd_stream.sidecar.mapped import MappedReader, drop_page_cache
 
 def test_a_capture_larger_than_the_graph_slot_is_refused(table):
     torch = pytest.importorskip("torch")
-    from sglang_ssd_stream.ple.staging import SidecarGather, StagingCapacityError
+    from sglang_ssd_stream.staging.gather import SidecarGather, StagingCapacityError
 
     g = SidecarGather(MappedReader(table, max_rows=64, workers=1), columns=table.columns, is_fp8=True,
                       capacity_rows=64, device="cpu", graph_rows=16)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import BF16_LAYER, FP8_LAYER
-from sglang_ssd_stream.ple import native_read
-from sglang_ssd_stream.ple.native_read import NativeBuildError, NativeRead
+from sglang_ssd_stream.staging import native_read
+from sglang_ssd_stream.staging.native_read import NativeBuildError, NativeRead
 from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, open_reader
 from test_build_and_read import _ids
 
@@ -102,7 +102,7 @@ _FAILING = textwrap.dedent("""
     import numpy as np
     import os
     from sglang_ssd_stream.sidecar import load_manifest, open_reader
-    from sglang_ssd_stream.ple.native_read import NativeRead
+    from sglang_ssd_stream.staging.native_read import NativeRead
     t = load_manifest(sys.argv[1]).tables[0]
     io, case = sys.argv[2], sys.argv[3]
     ids = np.array([0, 5, t.rows - 1] + ([t.rows] if case == "out-of-table" else []), dtype=np.int64)
@@ -287,7 +287,7 @@ def test_concurrent_builds_make_one_library(fresh):
     slow_cc = fresh / "slow-cc"
     slow_cc.write_text("#!/bin/sh\nsleep 1\nexec cc \"$@\"\n")
     slow_cc.chmod(0o755)
-    code = "from sglang_ssd_stream.ple import native_read as n; n.load(); print(n.library_path())"
+    code = "from sglang_ssd_stream.staging import native_read as n; n.load(); print(n.library_path())"
     env = {**os.environ, "CC": str(slow_cc), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]

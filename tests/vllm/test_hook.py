@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from vllm_ple_offload import hook
+from vllm_ple_offload import post_import as hook
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_ple_offload import host_memory
-from vllm_ple_offload.errors import HostMemoryError
+from sglang_ssd_stream.staging.host_memory import HostMemoryError
 
 GIB = 1 << 30
 

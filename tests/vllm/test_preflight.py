@@ -6,9 +6,9 @@ import warnings
 
 import pytest
 
-from vllm_ple_offload import env, preflight
+from vllm_ple_offload import doctor as preflight, env
 from vllm_ple_offload.errors import PreflightFailed
-from vllm_ple_offload.preflight import ERROR, OK, WARNING, DiskFacts, Facts
+from vllm_ple_offload.doctor import ERROR, OK, WARNING, DiskFacts, Facts
 
 GIB = 1 << 30
 PINNED = env.PleSettings(backend="pinned", sidecar=None, fetch_workers=24, rows_per_task=2048, stats_interval=0,

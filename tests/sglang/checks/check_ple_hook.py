@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[3]
 LAYER, PARTS, COLS = 3, 8, 160
 ROWS = 16896  # padded vocabulary of ngram_vocab_size_base=1000, PLE index 0
 EOS = 7
-EP_TEXT = "[sglang.srt.plugins]\nssd_stream_ple_check = sglang_ssd_stream.ple.hooks:install\n"
+EP_TEXT = "[sglang.srt.plugins]\nssd_stream_ple_check = sglang_ssd_stream.sglang.hooks:install\n"
 
 
 def _conftest():
@@ -130,7 +130,7 @@ def _gather(emb, ids):
 
 def test_hooks_land_on_real_classes_after_load_plugins(env):
     q, pt, o = env.q, env.pt, env.originals
-    from sglang_ssd_stream.ple import hooks
+    from sglang_ssd_stream.sglang import hooks
 
     assert q.Qwen4ExpPinnedHostEmbedding.gather is not o["gather"]
     assert q.Qwen4ExpForConditionalGeneration.load_weights is not o["load"]
@@ -148,7 +148,7 @@ def test_lookup_bit_identical_to_sglang_offload_path(env, tmp_path, monkeypatch,
     from sglang.srt.runtime_context import get_context
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_ssd_stream.ple.staging import SidecarGather
+    from sglang_ssd_stream.staging.gather import SidecarGather
 
     ck = env.ck[dtype]
     monkeypatch.delenv("SGLANG_SSD_STREAM_SIDECAR", raising=False)
@@ -198,7 +198,7 @@ def test_lookup_bit_identical_to_sglang_offload_path(env, tmp_path, monkeypatch,
 
 
 def test_refuses_without_ple_offload(env, monkeypatch):
-    from sglang_ssd_stream.ple.hooks import SidecarHookError
+    from sglang_ssd_stream.sglang.hooks import SidecarHookError
 
     monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
     m = _Model(env.q, _config("float8_e4m3fn", offload=False), (0, 1))
@@ -220,7 +220,7 @@ def test_refuses_a_checkpoint_scale_that_disagrees_with_the_sidecar(env, tmp_pat
 
     from safetensors.torch import save_file
 
-    from sglang_ssd_stream.ple.hooks import SidecarHookError
+    from sglang_ssd_stream.sglang.hooks import SidecarHookError
 
     art = tmp_path / "art"
     shutil.copytree(env.root / "sidecar-float8_e4m3fn", art)
@@ -251,7 +251,7 @@ def test_refuses_a_sidecar_with_a_wrong_sha256(env, tmp_path, monkeypatch):
 
 
 def test_gather_on_an_unbound_sidecar_table_refuses(env, monkeypatch):
-    from sglang_ssd_stream.ple.hooks import SidecarHookError
+    from sglang_ssd_stream.sglang.hooks import SidecarHookError
 
     monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
     m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
@@ -290,7 +290,7 @@ def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch, io, erro
 ])
 def test_bad_knob_values_stop_the_plugin_at_start(monkeypatch, name, value, message):
     """A bad value (or a knob that no longer acts) is refused when the plugin registers, not at the first request."""
-    from sglang_ssd_stream import plugin
+    from sglang_ssd_stream.sglang import plugin
 
     monkeypatch.setenv(name, value)
     monkeypatch.setattr(plugin, "_registered", False)
@@ -301,8 +301,8 @@ def test_bad_knob_values_stop_the_plugin_at_start(monkeypatch, name, value, mess
 def test_gather_inside_graph_capture_is_captured_not_refused(env, monkeypatch):
     """During sglang's decode-graph capture the hook records the read into the graph
     (``SidecarGather.capture``: D2H, host node, conversion; run on the H200) and waits for nothing."""
-    from sglang_ssd_stream.ple import hooks
-    from sglang_ssd_stream.ple.staging import SidecarGather
+    from sglang_ssd_stream.sglang import hooks
+    from sglang_ssd_stream.staging.gather import SidecarGather
 
     monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
     m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
@@ -329,7 +329,7 @@ def test_binding_for_cuda_graphs_needs_the_native_host_node_library(env, monkeyp
     """With CUDA graphs on, reads are captured as native host nodes: binding the sidecar builds/loads
     that library for either reader, and a machine that cannot compile it stops the model load (the
     worker) with the way out named, instead of failing at the first capture."""
-    from sglang_ssd_stream.ple import native_read
+    from sglang_ssd_stream.staging import native_read
 
     monkeypatch.setattr(native_read, "_lib", None)
     monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
@@ -351,7 +351,7 @@ def test_binding_for_cuda_graphs_needs_the_native_host_node_library(env, monkeyp
 
 def test_conversion_kernel_matches_sglang_kernel_for_every_byte(env):
     """Our staged-row kernel vs sglang's gather kernel, over all 256 fp8 bytes and random bf16."""
-    from sglang_ssd_stream.ple.kernels import convert_staged_rows
+    from sglang_ssd_stream.staging.kernels import convert_staged_rows
 
     kernel = env.q._gather_ple_embedding_from_pinned_kernel
     rng = np.random.default_rng(3)
@@ -379,7 +379,7 @@ _BROKEN = {
 
 @pytest.mark.parametrize("how", sorted(_BROKEN))
 def test_install_raises_when_a_hook_cannot_land(how):
-    code = _BROKEN[how] + "\nfrom sglang_ssd_stream.ple.hooks import install\ninstall()\nprint('INSTALLED')"
+    code = _BROKEN[how] + "\nfrom sglang_ssd_stream.sglang.hooks import install\ninstall()\nprint('INSTALLED')"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode != 0 and "INSTALLED" not in r.stdout

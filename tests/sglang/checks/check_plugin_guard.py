@@ -13,10 +13,10 @@ import pytest
 def test_guard():
     from sglang.srt.plugins import load_plugins
 
-    import sglang_ssd_stream.plugin as plugin
+    import sglang_ssd_stream.sglang.plugin as plugin
 
     if os.environ.get("FAIL_PLE_HOOKS") == "1":
-        from sglang_ssd_stream.ple import hooks
+        from sglang_ssd_stream.sglang import hooks
 
         def broken_install():
             raise RuntimeError("target sglang.srt.models.qwen4_exp.Qwen4ExpPinnedHostEmbedding.gather is missing")

@@ -69,7 +69,7 @@ def probe(mode: str, out: str) -> None:
     plugins.load_plugins()
     from sglang.srt.layers.attention.qsa import qsa_indexer
 
-    import sglang_ssd_stream.plugin as ours
+    import sglang_ssd_stream.sglang.plugin as ours
 
     result["plugin_registered"] = ours._registered
     result["budget"] = qsa_indexer._QSA_PREFILL_LOGITS_BUDGET_BYTES

@@ -29,7 +29,8 @@ def tp1():
 
 @pytest.fixture
 def simulated_cuda(monkeypatch):
-    from vllm_ple_offload import host_memory, preflight
+    from sglang_ssd_stream.staging import host_memory
+    from vllm_ple_offload import doctor as preflight
 
     registered = []
     monkeypatch.setattr(preflight, "_platform", lambda: (True, "CudaPlatform (simulated)"))
@@ -42,7 +43,7 @@ def simulated_cuda(monkeypatch):
 
 
 def test_selection_allocates_registered_page_aligned_memory(monkeypatch, simulated_cuda):
-    from vllm_ple_offload.backends import RegisteredPinnedPLEEmbedding
+    from vllm_ple_offload.embedding import RegisteredPinnedPLEEmbedding
 
     harness.load_plugins(monkeypatch, SETTINGS)
     ne, _ = harness.modules()
@@ -73,7 +74,7 @@ def test_checkpoint_shards_land_in_the_registered_table(monkeypatch, simulated_c
 
 
 def test_memlock_too_low_is_refused_at_allocation(monkeypatch, simulated_cuda):
-    from vllm_ple_offload import preflight
+    from vllm_ple_offload import doctor as preflight
 
     harness.load_plugins(monkeypatch, SETTINGS)
     monkeypatch.setattr(preflight.resource, "getrlimit", lambda which: (4096, 4096))

@@ -43,7 +43,7 @@ def test_pinned_without_uva(monkeypatch):
 
 
 def test_ptrace_denied_with_expandable_segments(monkeypatch, sidecar):
-    from vllm_ple_offload import preflight
+    from vllm_ple_offload import doctor as preflight
 
     monkeypatch.setattr(preflight, "_status_fields", lambda *a: NO_PTRACE)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -52,7 +52,7 @@ def test_ptrace_denied_with_expandable_segments(monkeypatch, sidecar):
 
 
 def test_expandable_segments_with_ptrace_only_warns(monkeypatch, sidecar, caplog):
-    from vllm_ple_offload import hook, preflight
+    from vllm_ple_offload import doctor as preflight, post_import as hook
 
     monkeypatch.setattr(preflight, "_status_fields", lambda *a: WITH_PTRACE)
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")

@@ -54,7 +54,7 @@ def shards(table: np.ndarray, dtype: str, parts: int):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_real_selection_streams_the_sidecar_rows(tmp_path, monkeypatch, backend, dtype):
-    from vllm_ple_offload.backends import StreamedPLEEmbedding
+    from vllm_ple_offload.embedding import StreamedPLEEmbedding
 
     cfg, lay, table, manifest = make_sidecar(tmp_path, dtype)
     harness.load_plugins(monkeypatch, settings(backend, manifest))
@@ -148,7 +148,7 @@ def test_engram_cpu_offload_false_contradicts_the_switch(tmp_path, monkeypatch):
 
 
 def test_register_is_idempotent(tmp_path, monkeypatch):
-    from vllm_ple_offload import hook, plugin
+    from vllm_ple_offload import plugin, post_import as hook
 
     _, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
     harness.load_plugins(monkeypatch, settings("mmap", manifest))
@@ -167,11 +167,11 @@ def test_missing_sidecar_stops_the_process(tmp_path, monkeypatch):
 
 def test_streamed_lookup_is_eager_break_wrapped():
     """Under breakable CUDA graphs the host gather must run eagerly between graph segments."""
-    from vllm_ple_offload.backends import StreamedPLEEmbedding
+    from vllm_ple_offload.embedding import StreamedPLEEmbedding
 
     for name in ("start_prefetch", "_finalize_prefetch"):
         fn = getattr(StreamedPLEEmbedding, name)
-        assert fn.__wrapped__ is not fn and fn.__module__ == "vllm_ple_offload.backends"
+        assert fn.__wrapped__ is not fn and fn.__module__ == "vllm_ple_offload.embedding"
         assert importlib.import_module("vllm.compilation.breakable_cudagraph").eager_break_during_capture.__name__ \
             in fn.__code__.co_qualname
 

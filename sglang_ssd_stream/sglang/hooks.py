@@ -131,7 +131,7 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
     from ..sidecar import open_reader
     from ..sidecar.format import check_model_shape
     from ..sidecar.reader import rows_for_tokens
-    from .staging import SidecarGather
+    from ..staging.gather import SidecarGather
 
     rows = rows_for_tokens(config.max_tokens())
     workers = config.env_int(config.WORKERS_ENV, config.DEFAULT_WORKERS)
@@ -164,7 +164,7 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
     if not bound:
         raise SidecarHookError(f"a PLE sidecar is configured ({sidecar.manifest.path}) but the model has no PLE layer")
     if any(e._ssd_stream.graph_rows for e in bound.values()):
-        from .native_read import library_path
+        from ..staging.native_read import library_path
 
         log.info("PLE sidecar under CUDA graphs: reads captured as native host nodes (%s)", library_path())
     return bound

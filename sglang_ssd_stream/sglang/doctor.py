@@ -30,14 +30,14 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .ple.native_read import C_COMPILERS
-from .sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
-
-ERROR, WARNING, OK = "error", "warning", "ok"
+from ..findings import ERROR, OK, WARNING, Finding, as_json, errors_of, exit_code, print_report, refusal_text
+from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW, Verdict, verdict
+from ..sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
+from ..staging.native_read import C_COMPILERS
 GIB = 1 << 30
 
 FP8_INDEXER_MAJORS = (9, 10)  # sglang 0.5.23: "--qsa-indexer-dtype fp8_e4m3 requires a CUDA SM90/SM100 GPU"
@@ -45,7 +45,7 @@ SM110_MAJOR = 11
 THOR_SWAP_MIN_BYTES = 15 * GIB  # write-up 000: "about 16 GB total swap" (JetPack's ~2 GB + a 14 GiB file)
 THOR_SWAPPINESS = 10
 CXX_COMPILERS = ("c++", "g++", "clang++")
-ALLOW_UNPATCHED_ENV = "SGLANG_SSD_STREAM_ALLOW_UNPATCHED"  # the plugin's name for it (plugin.py)
+ALLOW_UNPATCHED_ENV = _ALLOW["sglang"]
 PLE_SKIP_DEVICE_CHECK_ENV = "SGLANG_QWEN4_PLE_FILE_SKIP_DEVICE_CHECK"  # sglang's escape hatch
 
 SWAP_FIX = ("add a 14 GiB swapfile (write-up 000): sudo fallocate -l 14G /swapfile.thor && sudo chmod 600 "
@@ -71,12 +71,6 @@ class Device:
 
 
 @dataclass(frozen=True)
-class SourceState:
-    state: str  # "patched" | "pristine" | "mixed" | "unknown" | "error"
-    detail: str
-
-
-@dataclass(frozen=True)
 class Request:
     """What the launch asks for (server flags and the environment it will run in)."""
 
@@ -94,7 +88,7 @@ class Request:
 @dataclass(frozen=True)
 class Facts:
     device: Device | None  # None: no CUDA device
-    source: SourceState
+    source: Verdict
     c_compiler: str | None
     cxx_compiler: str | None
     swap_bytes: int | None
@@ -102,17 +96,6 @@ class Facts:
     journald_persistent: bool | None  # None: no systemd-journald here
     sidecar_disks: tuple[Disk, ...] = ()
     request: Request = field(default_factory=Request)
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str
-    check: str
-    message: str
-    fix: str | None = None
-
-    def line(self) -> str:
-        return f"[{self.level}] {self.check}: {self.message}" + (f"\n    fix: {self.fix}" if self.fix else "")
 
 
 def _cuda_device() -> Device | None:
@@ -131,31 +114,6 @@ def _cuda_device() -> Device | None:
         pageable = None
     return Device(name=props.name, capability=(props.major, props.minor), total_memory_bytes=props.total_memory,
                   integrated=bool(getattr(props, "is_integrated", False)), pageable_memory_access=pageable)
-
-
-def source_state(python: str | None = None) -> SourceState:
-    """The patch state of the sglang this interpreter (or ``python``) imports."""
-    from .errors import KitError
-    from .patching import commands
-    from .patching.engines import ENGINES
-    from .patching.state import PATCHED, PRISTINE
-    from .patching.target import from_python, from_this_process
-
-    engine = ENGINES["sglang"]
-    try:
-        report = commands.status(from_python(engine, python) if python else from_this_process(engine))
-    except KitError as exc:
-        return SourceState("error", exc.message)
-    states = {f.state for f in report.files}
-    listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
-    release = f"sglang {report.target.release}"
-    if states == {PATCHED}:
-        return SourceState("patched", f"{release}: {len(report.files)} files patched")
-    if states == {PRISTINE}:
-        return SourceState("pristine", f"{release}: {listing}")
-    if states <= {PATCHED, PRISTINE}:
-        return SourceState("mixed", f"{release}: {listing}")
-    return SourceState("unknown", f"{release}: {listing}")
 
 
 def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
@@ -216,7 +174,7 @@ def gather_facts(*, python: str | None = None, sidecar_paths: Iterable[str] = ()
     mem = _meminfo()
     return Facts(
         device=_cuda_device(),
-        source=source_state(python),
+        source=verdict("sglang", python=python),
         c_compiler=_compiler(C_COMPILERS),
         cxx_compiler=_compiler(CXX_COMPILERS),
         swap_bytes=mem.get("SwapTotal"),
@@ -251,28 +209,6 @@ def request_from_argv(argv: Iterable[str], env: Mapping[str, str] | None = None,
 
 def _arch(device: Device) -> str:
     return f"{device.name} (SM{device.capability[0]}{device.capability[1]})"
-
-
-def check_source(facts: Facts) -> Finding:
-    s = facts.source
-    fix_apply = "sglang-ssd-stream patch apply (in the runtime that serves)"
-    if s.state == "patched":
-        return Finding(OK, "source", s.detail)
-    if s.state == "pristine":
-        if facts.request.allow_unpatched:
-            return Finding(WARNING, "source", f"unpatched sglang accepted by {ALLOW_UNPATCHED_ENV}=1: {s.detail}",
-                           fix_apply)
-        return Finding(ERROR, "source", f"sglang is unpatched ({s.detail}); the plugin refuses to start on it",
-                       fix_apply)
-    if s.state == "mixed":
-        return Finding(ERROR, "source", f"sglang is half-patched ({s.detail})",
-                       "sglang-ssd-stream patch apply (it completes or recovers the series)")
-    if s.state == "unknown":
-        return Finding(ERROR, "source", f"sglang files match no known state ({s.detail})",
-                       "reinstall the pinned sglang (pip install --force-reinstall --no-deps sglang==0.5.23), then "
-                       "sglang-ssd-stream patch apply")
-    return Finding(ERROR, "source", f"cannot tell the sglang source state: {s.detail}",
-                   "run the doctor with the runtime's Python (--python), where the pinned sglang is installed")
 
 
 def check_device(facts: Facts) -> Finding:
@@ -385,7 +321,8 @@ def check_unified_memory_host(facts: Facts) -> list[Finding]:
 
 
 def run_checks(facts: Facts) -> list[Finding]:
-    findings = [check_source(facts), check_device(facts), check_compilers(facts)]
+    findings = facts.source.findings(allow_unpatched=facts.request.allow_unpatched)
+    findings += [check_device(facts), check_compilers(facts)]
     for check in (check_fp8_indexer, check_ple_backend, check_memory, check_moe_runner):
         found = check(facts)
         if found is not None:
@@ -395,24 +332,16 @@ def run_checks(facts: Facts) -> list[Finding]:
     return findings
 
 
-def errors_of(findings: Iterable[Finding]) -> list[Finding]:
-    return [f for f in findings if f.level == ERROR]
-
-
-def as_json(facts: Facts, findings: list[Finding]) -> dict:
-    return {"facts": asdict(facts), "findings": [asdict(f) for f in findings], "ok": not errors_of(findings)}
-
-
 # ----------------------------------------------------------------------------- launch inputs
 
 
-def _profile_argv(profile: str | None, engine: str, model: str | None, draft: str | None) -> list[str]:
+def _profile_argv(profile: str | None, model: str | None, draft: str | None) -> list[str]:
     if profile is None:
         return []
-    from .operate.profiles import DRAFT, MODEL, get_profile
+    from ..operate.profiles import DRAFT, MODEL, get_profile
 
     argv = []
-    for flag, value in get_profile(profile, engine).args:
+    for flag, value in get_profile(profile, "sglang").args:
         argv.append(flag)
         if value is not None:
             argv.append({MODEL: model or "", DRAFT: draft or ""}.get(value, value))
@@ -431,8 +360,8 @@ def _flag(argv: list[str], flag: str) -> str | None:
 
 def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
     """(weights + KV/Mamba pool bytes, or the planner's refusal) for a launch that names its pool."""
-    from .errors import KitError
-    from .operate.capacity import GIB as PLAN_GIB, load_geometry, plan, weights_bytes
+    from ..errors import KitError
+    from ..operate.capacity import GIB as PLAN_GIB, load_geometry, plan, weights_bytes
 
     def num(flag, default=None):
         v = _flag(argv, flag)
@@ -458,36 +387,29 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
 def sidecar_paths(model: str | None, explicit: Iterable[str] = ()) -> list[str]:
     paths = list(explicit)
     if model and not paths and Path(model, "ssd-stream.json").exists():
-        from .sidecar.format import load_manifest
+        from ..sidecar.format import load_manifest
 
         manifest = load_manifest(model, trusted_roots=[os.path.realpath(model)], check_files=False)
         paths = sorted({str(t.file) for t in manifest.tables})
     return paths
 
 
-def diagnose(*, engine: str = "sglang", profile: str | None = None, model: str | None = None,
+def diagnose(*, profile: str | None = None, model: str | None = None,
              draft: str | None = None, argv: Iterable[str] = (), env: Mapping[str, str] | None = None,
              python: str | None = None, sidecars: Iterable[str] = ()) -> tuple[Facts, list[Finding]]:
     env = os.environ if env is None else env
-    full = _profile_argv(profile, engine, model, draft) + [str(a) for a in argv]
+    full = _profile_argv(profile, model, draft) + [str(a) for a in argv]
     need, plan_error = memory_need(model, full) if model else (None, None)
     request = request_from_argv(full, env, memory_need_bytes=need, memory_plan_error=plan_error)
     facts = gather_facts(python=python, sidecar_paths=sidecar_paths(model, sidecars), request=request)
     return facts, run_checks(facts)
 
 
-def preflight(*, engine: str, profile: str, model: str, draft: str | None, env: Mapping[str, str],
-              argv: Iterable[str] = ()) -> list[str]:
-    """The ``serve`` seam (operate/preflight.py): raise on a refusal, return warnings."""
-    if engine != "sglang":
-        return []  # vLLM has its own preflight (vllm_ple_offload.preflight)
-    from .operate.errors import ServeRefused
-
-    _, findings = diagnose(engine=engine, profile=profile, model=model, draft=draft, argv=argv, env=env)
-    bad = errors_of(findings)
-    if bad:
-        raise ServeRefused("doctor refused the launch:\n" + "\n".join(f.line() for f in bad))
-    return [f"{f.check}: {f.message} (fix: {f.fix})" for f in findings if f.level == WARNING]
+def preflight(*, profile: str, model: str, draft: str | None, env: Mapping[str, str],
+              argv: Iterable[str] = ()) -> list[Finding]:
+    """The ``serve`` seam (``side.preflight``): the findings for a launch line."""
+    _, findings = diagnose(profile=profile, model=model, draft=draft, argv=argv, env=env)
+    return findings
 
 
 # ----------------------------------------------------------------------------- command line
@@ -508,8 +430,6 @@ def add_doctor_command(subparsers) -> None:
 
 
 def run_doctor_command(args) -> int:
-    from .errors import EXIT_OK, EXIT_REFUSED
-
     extra = list(args.server_args or [])
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -518,8 +438,5 @@ def run_doctor_command(args) -> int:
     if args.json:
         print(json.dumps(as_json(facts, findings), indent=2))
     else:
-        for f in findings:
-            print(f.line())
-        bad = errors_of(findings)
-        print(f"doctor: {len(bad)} refusal(s)" if bad else "doctor: nothing refused", file=sys.stderr)
-    return EXIT_REFUSED if errors_of(findings) else EXIT_OK
+        print_report(findings, tool="sglang-ssd-stream")
+    return exit_code(findings)

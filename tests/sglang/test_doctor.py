@@ -10,18 +10,22 @@ import os
 
 import pytest
 
-from sglang_ssd_stream import doctor
-from sglang_ssd_stream.doctor import (ERROR, GIB, OK, WARNING, Device, Disk, Facts, Request, SourceState,
-                                      run_checks)
-from sglang_ssd_stream.errors import EXIT_OK, EXIT_REFUSED, KitError
+from sglang_ssd_stream.sglang import doctor
+from sglang_ssd_stream.patching.guard import Verdict
+from sglang_ssd_stream.sglang.doctor import ERROR, GIB, OK, WARNING, Device, Disk, Facts, Request, run_checks
+from sglang_ssd_stream.errors import EXIT_OK, EXIT_REFUSED
 
 THOR = Device("NVIDIA Thor", (11, 0), 122 * GIB, integrated=True, pageable_memory_access=True)
 H200 = Device("NVIDIA H200", (9, 0), 140 * GIB, integrated=False, pageable_memory_access=False)
 
 
+def source(state: str, listing: str = "sglang/x.py=…") -> Verdict:
+    return Verdict("sglang", state, "0.5.23", listing, files=7)
+
+
 def healthy(**changes) -> Facts:
     """A Thor set up as write-up 000 recommends."""
-    base = Facts(device=THOR, source=SourceState("patched", "sglang 0.5.23: 5 files patched"),
+    base = Facts(device=THOR, source=source("patched"),
                  c_compiler="/usr/bin/cc", cxx_compiler="/usr/bin/c++", swap_bytes=16 * GIB, swappiness=10,
                  journald_persistent=True, sidecar_disks=(Disk("/nvme/ple.bin", "ext4", "nvme0n1", "nvme"),),
                  request=Request(quantization="modelopt_fp4", moe_runner_backend="flashinfer_cutlass"))
@@ -48,7 +52,7 @@ def test_a_healthy_thor_passes_clean():
 
 
 def test_every_refusal_and_warning_names_its_fix():
-    cases = [healthy(source=SourceState(s, "x")) for s in ("pristine", "mixed", "unknown", "error")]
+    cases = [healthy(source=source(s)) for s in ("pristine", "mixed", "unknown", "error")]
     cases += [healthy(device=None), healthy(c_compiler=None, cxx_compiler=None), healthy(swap_bytes=0),
               healthy(swappiness=60), healthy(journald_persistent=False),
               healthy(request=request(qsa_indexer_dtype="fp8_e4m3")),
@@ -75,10 +79,11 @@ def test_every_refusal_and_warning_names_its_fix():
     ("mixed", False, ERROR, "patch apply"),
     ("unknown", False, ERROR, "--force-reinstall"),
     ("unknown", True, ERROR, "--force-reinstall"),  # the escape hatch covers pristine only
+    ("pending", False, ERROR, "patch status"),
     ("error", False, ERROR, "--python"),
 ])
 def test_source_state(state, allow, level, fix_words):
-    found = only(run_checks(healthy(source=SourceState(state, "detail"),
+    found = only(run_checks(healthy(source=source(state),
                                     request=request(allow_unpatched=allow))), "source")
     assert found.level == level and fix_words in found.fix
 
@@ -273,7 +278,7 @@ def test_gather_facts_on_this_machine():
     except ImportError:
         has_cuda = False
     assert (facts.device is not None) is has_cuda
-    assert facts.source.state in ("patched", "pristine", "mixed", "unknown", "error") and facts.source.detail
+    assert facts.source.state in ("patched", "pristine", "mixed", "unknown", "pending", "error") and facts.source.listing
     assert facts.sidecar_disks[0].path == os.getcwd()
     findings = run_checks(facts)
     if not has_cuda:
@@ -323,17 +328,12 @@ def test_cli_profile_flags_reach_the_checks(monkeypatch):
     assert (r.quantization, r.moe_runner_backend) == ("modelopt_fp4", "flashinfer_cutlass")
 
 
-def test_preflight_seam_refuses_and_returns_warnings(monkeypatch):
-    from sglang_ssd_stream.operate.errors import ServeRefused
-
+def test_preflight_seam_returns_the_launch_findings(monkeypatch):
+    """``serve``'s seam returns the doctor's findings for the whole launch line; operate decides."""
     monkeypatch.setattr(doctor, "gather_facts", lambda **kw: healthy(swap_bytes=GIB, request=kw["request"]))
-    warnings = doctor.preflight(engine="sglang", profile="thor", model=None, draft=None, env={})
-    assert len(warnings) == 1 and warnings[0].startswith("swap:")
+    findings = doctor.preflight(profile="thor", model=None, draft=None, env={})
+    assert [f.check for f in findings if f.level == WARNING] == ["swap"]
 
     monkeypatch.setattr(doctor, "gather_facts", lambda **kw: healthy(request=kw["request"]))
-    with pytest.raises(ServeRefused) as refused:
-        doctor.preflight(engine="sglang", profile="thor", model=None, draft=None, env={},
-                         argv=["--qsa-indexer-dtype", "fp8_e4m3"])
-    assert isinstance(refused.value, KitError) and refused.value.exit_code == EXIT_REFUSED
-    assert "qsa_indexer_dtype" in refused.value.message
-    assert doctor.preflight(engine="vllm", profile="a100x4", model=None, draft=None, env={}) == []
+    findings = doctor.preflight(profile="thor", model=None, draft=None, env={}, argv=["--qsa-indexer-dtype", "fp8_e4m3"])
+    assert [f.check for f in findings if f.level == ERROR] == ["qsa_indexer_dtype"]

@@ -30,13 +30,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EXIT_OK, BadKitData, EnvironmentProblem, RefusedSourceState
-from .sidecar.build import SHARD_TENSOR
-from .sidecar.format import INDEX_NAME, MANIFEST_NAME, SCALE_FILE_NAME, hf_blobs_root, load_manifest
-from .sidecar.verify import CACHE_NAME
+from ..errors import EXIT_OK, BadKitData, EnvironmentProblem, RefusedSourceState
+from ..sidecar.build import SHARD_TENSOR
+from ..sidecar.format import INDEX_NAME, MANIFEST_NAME, SCALE_FILE_NAME, hf_blobs_root, load_manifest
+from ..sidecar.verify import CACHE_NAME
+from ..sidecar.view import MARKER_FORMAT, MARKER_NAME, ForeignView
+from ..sidecar.view import read_marker as _read_marker
+from ..sidecar.view import view_trusted_roots as trusted_roots_for
 
-MARKER_NAME = ".ssd-stream-view.json"
-MARKER_FORMAT = "sglang-ssd-stream-view"
 BACKUP_NAME = "model.safetensors.index.with-ple.json"
 MTP_DIR = "mtp"
 # Written into a view by others, by design: the sidecar verify cache.
@@ -93,23 +94,11 @@ def _trusted_roots(prepared: Path) -> list[str]:
 
 
 def read_marker(view: str | os.PathLike) -> dict | None:
-    """The builder's record of a view (None when ``view`` has none)."""
-    p = Path(view) / MARKER_NAME
-    if not p.exists():
-        return None
+    """The builder's record of a view (None when ``view`` has none); a foreign marker is refused."""
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ForeignViewDirectory(f"{p}: unreadable view marker ({exc}); refusing to touch {view}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != MARKER_FORMAT or not isinstance(doc.get("entries"), list):
-        raise ForeignViewDirectory(f"{p}: not a {MARKER_FORMAT} marker; refusing to touch {view}")
-    return doc
-
-
-def trusted_roots_for(view: str | os.PathLike) -> list[str]:
-    """Directories the view's table links may resolve into (for ``load_manifest(trusted_roots=…)``)."""
-    marker = read_marker(view)
-    return list(marker.get("trusted_roots", [])) if marker else []
+        return _read_marker(view)
+    except ForeignView as exc:
+        raise ForeignViewDirectory(exc.message) from exc
 
 
 def _check_output(out: Path) -> dict | None:

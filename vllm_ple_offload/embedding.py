@@ -41,8 +41,9 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
 
 from . import LOGGER_NAME, env
 from .errors import PleSettingsError
-from .host_memory import account, allocate_registered, startup_line
-from .preflight import require_memlock
+from sglang_ssd_stream.staging.host_memory import account, allocate_registered, startup_line
+
+from .doctor import require_memlock
 from .row_sources import SOURCES
 from .streaming import StreamingGather
 

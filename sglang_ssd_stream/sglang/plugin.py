@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
-ALLOW_UNPATCHED_ENV = "SGLANG_SSD_STREAM_ALLOW_UNPATCHED"
+from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW
+
+ALLOW_UNPATCHED_ENV = _ALLOW["sglang"]
 
 _registered = False
 
@@ -28,8 +30,8 @@ def register() -> None:
         return
     try:
         _guard_source_state()
+        from . import hooks as ple_hooks
         from . import knobs
-        from .ple import hooks as ple_hooks
 
         knobs.apply_all()
         ple_hooks.install()  # PLE sidecar streaming; its hooks must land or the worker stops
@@ -42,22 +44,13 @@ def register() -> None:
 
 def _guard_source_state() -> None:
     """Refuse to run on an sglang whose patched files are in an unknown or half-patched state."""
-    from .errors import KitError
-    from .patching import commands
-    from .patching.engines import ENGINES
-    from .patching.state import PATCHED, PRISTINE
-    from .patching.target import from_this_process
+    from ..findings import WARNING, refusal_text
+    from ..patching.guard import verdict
 
-    try:
-        report = commands.status(from_this_process(ENGINES["sglang"]))
-    except KitError as exc:
-        _fatal(f"{exc.message}")
-    states = {f.state for f in report.files}
-    if states == {PATCHED}:
-        return
-    listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
-    if states == {PRISTINE} and os.environ.get(ALLOW_UNPATCHED_ENV) == "1":
-        print(f"sglang-ssd-stream plugin: running on UNPATCHED sglang ({ALLOW_UNPATCHED_ENV}=1)", file=sys.stderr)
-        return
-    _fatal(f"sglang source is not in the patched state ({listing}). Run `sglang-ssd-stream patch apply` "
-           f"(or set {ALLOW_UNPATCHED_ENV}=1 to run on a pristine sglang).")
+    findings = verdict("sglang").findings(allow_unpatched=os.environ.get(ALLOW_UNPATCHED_ENV) == "1")
+    for f in findings:
+        if f.level == WARNING:
+            print(f"sglang-ssd-stream plugin: {f.line()}", file=sys.stderr, flush=True)
+    refusal = refusal_text(findings, "refusing to start:")
+    if refusal:
+        _fatal(refusal)

@@ -1,6 +1,8 @@
-"""Preflight checks for the PLE backends; each finding names its fix. Facts are injectable.
+"""``vllm-ple-offload doctor``: the checks of the PLE backends; each finding names its fix. Facts are injectable.
 
-Run by ``vllm-ple-offload doctor`` and by the plugin in every vLLM process it activates in.
+Run by the doctor command and by the plugin in every vLLM process it activates in (the same
+checks, so the doctor checks what the plugin will run). Findings and the exit-code rule are the
+kit's (:mod:`sglang_ssd_stream.findings`).
 
 - UVA: the ``pinned`` backend reads host memory from GPU kernels, so it needs vLLM's CUDA
   platform with pinned memory (WSL and CPU platforms have none).
@@ -24,10 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, errors_of, refusal_text
+
 from . import env
 from .errors import PreflightFailed
 
-ERROR, WARNING, OK = "error", "warning", "ok"
 CAP_IPC_LOCK, CAP_SYS_PTRACE = 14, 19
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch >= 2.9 reads both
 MEMLOCK_FIX = ("raise the locked-memory limit: docker run --ulimit memlock=-1, compose `ulimits: memlock: -1`, "
@@ -65,17 +68,6 @@ class Facts:
     @property
     def ptrace_permitted(self) -> bool:
         return self.cap_sys_ptrace or (self.yama_ptrace_scope in (None, 0) and not self.seccomp_filter)
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str
-    check: str
-    message: str
-    fix: str | None = None
-
-    def line(self) -> str:
-        return f"[{self.level}] {self.check}: {self.message}" + (f"\n    fix: {self.fix}" if self.fix else "")
 
 
 # ----------------------------------------------------------------------------- facts
@@ -143,7 +135,7 @@ def gather_facts(settings: env.PleSettings | None, environ: Mapping[str, str] | 
 
 
 def check_memlock(facts: Facts, need_bytes: int | None, what: str) -> Finding:
-    from .host_memory import fmt_bytes
+    from sglang_ssd_stream.staging.host_memory import fmt_bytes
 
     if facts.memlock_bytes is None:
         return Finding(OK, "memlock", "locked-memory limit is unlimited")
@@ -200,14 +192,10 @@ def run_checks(settings: env.PleSettings, facts: Facts, *, need_bytes: int | Non
     return findings
 
 
-def errors_of(findings: list[Finding]) -> list[Finding]:
-    return [f for f in findings if f.level == ERROR]
-
-
 def raise_on_errors(findings: list[Finding]) -> None:
-    bad = errors_of(findings)
-    if bad:
-        raise PreflightFailed("PLE preflight failed:\n" + "\n".join(f.line() for f in bad))
+    refusal = refusal_text(findings, "PLE preflight failed:")
+    if refusal:
+        raise PreflightFailed(refusal)
 
 
 def require_memlock(need_bytes: int, *, what: str, facts: Facts | None = None) -> None:
@@ -221,8 +209,28 @@ def require_memlock(need_bytes: int, *, what: str, facts: Facts | None = None) -
     raise_on_errors([check_memlock(facts, need_bytes, what)])
 
 
-def as_json(facts: Facts, findings: list[Finding]) -> dict:
-    return {"facts": {**asdict(facts), "expandable_segments": facts.expandable_segments,
-                      "ptrace_permitted": facts.ptrace_permitted},
-            "findings": [asdict(f) for f in findings],
-            "ok": not errors_of(findings)}
+def facts_json(facts: Facts) -> dict:
+    return {**asdict(facts), "expandable_segments": facts.expandable_segments, "ptrace_permitted": facts.ptrace_permitted}
+
+
+def preflight(*, profile: str, model: str, draft: str | None, env: Mapping[str, str],
+              argv=()) -> list[Finding]:
+    """``serve``'s seam (``side.preflight``): the vLLM source verdict and, when the launch environment
+    turns the plugin on, the same checks the plugin runs at start-up."""
+    from sglang_ssd_stream.patching.guard import verdict
+
+    from . import env as ple_env
+    from .errors import PleSettingsError
+
+    try:
+        settings = ple_env.read_settings(env)
+    except PleSettingsError as exc:
+        return [Finding(ERROR, "settings", exc.message, "fix the VLLM_PLE_* variables (README: vLLM)")]
+    source = verdict("vllm")
+    findings = source.findings(allow_unpatched=bool(settings and settings.allow_unpatched))
+    if source.state == "error":
+        return findings  # no vLLM to check against in this runtime
+    if settings is None:
+        return findings + [Finding(OK, "ple_offload", f"{ple_env.CPU_OFFLOAD} is off: vLLM keeps its own PLE path")]
+    return findings + run_checks(settings, gather_facts(settings, env))
+

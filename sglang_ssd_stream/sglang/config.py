@@ -13,14 +13,14 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales, hf_blobs_root, load_manifest
+from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales, load_manifest
 from ..sidecar.verify import VerifyReport, verify_sidecar
+from ..sidecar.view import TRUSTED_ROOTS_ENV, trusted_roots  # noqa: F401 - TRUSTED_ROOTS_ENV is a knob
 
 log = logging.getLogger(__name__)
 
 SIDECAR_ENV = "SGLANG_SSD_STREAM_SIDECAR"
 NO_VERIFY_ENV = "SGLANG_SSD_STREAM_NO_VERIFY"  # "1": skip the SHA-256 pass (explicit opt-out)
-TRUSTED_ROOTS_ENV = "SGLANG_SSD_STREAM_TRUSTED_ROOTS"  # os.pathsep-separated extra roots
 GATHER_MODE_ENV = "SGLANG_SSD_STREAM_PLE_GATHER"  # h2d (default) | uva
 # h2d: a copy-engine H2D, then a device kernel; it hid a warm 2,048-token chunk behind a layer to 8-9 % of the
 # gather on the H200, where uva (the kernel reads pinned memory, competing with the layer for SMs) left 25-27 %
@@ -72,14 +72,6 @@ def manifest_path(model_path: str | None) -> Path | None:
     if model_path and (Path(model_path) / MANIFEST_NAME).is_file():
         return Path(model_path) / MANIFEST_NAME
     return None
-
-
-def trusted_roots(artifact_dir: Path) -> list[str]:
-    from ..model_view import trusted_roots_for
-
-    roots = trusted_roots_for(artifact_dir)
-    roots += [r for r in os.environ.get(TRUSTED_ROOTS_ENV, "").split(os.pathsep) if r]
-    return roots + [str(b) for b in [hf_blobs_root(Path(r)) for r in roots] if b is not None]
 
 
 def load(path: Path) -> Sidecar:

@@ -20,10 +20,15 @@ import threading
 import weakref
 from dataclasses import dataclass
 
+from ..errors import EnvironmentProblem
 from . import LOGGER_NAME
-from .errors import HostMemoryError
 
 log = logging.getLogger(LOGGER_NAME)
+
+
+class HostMemoryError(EnvironmentProblem, RuntimeError):
+    """Host memory for a PLE table or staging could not be allocated or registered with CUDA."""
+
 
 PAGE_SIZE = mmap.PAGESIZE
 GIB = 1 << 30

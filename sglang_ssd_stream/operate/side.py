@@ -1,0 +1,43 @@
+"""What the shared operate commands must know of an engine, handed in by that engine's adapter.
+
+``operate/`` never branches on an engine's name and never imports an adapter: the SGLang CLI
+mounts the commands with :data:`sglang_ssd_stream.sglang.side.SIDE`, the vLLM CLI with
+:data:`vllm_ple_offload.side.SIDE`, and every difference between the two lives in those rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# preflight(profile=, model=, draft=, env=, argv=) -> findings (sglang_ssd_stream.findings.Finding)
+Preflight = Callable[..., list]
+
+
+@dataclass(frozen=True)
+class EngineSide:
+    name: str  # "sglang" | "vllm": profiles.Profile.engine and hashes/<name>-<release>.json
+    display: str  # "SGLang" | "vLLM", for people
+    tool: str  # the CLI (for messages and service units)
+    launcher: Callable[[str], list[str]]  # python of the runtime -> the engine's argv before the flags
+    preflight: Preflight  # the adapter's doctor for a launch line
+    service: str  # "systemd" (one host, the sglang-ssd-stream CLI runs it) | "compose" (a container)
+    max_served_names: int | None = None  # sglang serves one --served-model-name; None: any number
+    forbidden_env: tuple[tuple[str, str], ...] = ()  # inherited (variable, value) pairs a launch refuses
+    draft_option: bool = False  # serve/service take --draft (a separate MTP directory)
+    update_model: bool = False  # the prepared-snapshot updater (write-up 000) applies
+    install_hint: str = ""  # how to get the engine into the runtime when it is missing
+
+    def engine_argv(self, python: str) -> list[str]:
+        return self.launcher(python)
+
+
+def console_script(name: str) -> Callable[[str], list[str]]:
+    """The launcher of an engine started by its console script in the runtime's venv."""
+    return lambda python: [str(Path(python).parent / name)]
+
+
+def python_module(module: str) -> Callable[[str], list[str]]:
+    """The launcher of an engine started as ``python -m module``."""
+    return lambda python: [python, "-m", module]

@@ -1,0 +1,120 @@
+"""The one source-state verdict: may our plugin run on the engine this process (or a Python) imports?
+
+Both plugins (at start-up, in every engine process), both doctors and ``serve``'s preflight ask
+this module and nothing else. The verdict combines two questions, both answered from the
+release's manifest (the only place a hash is written):
+
+1. The files our patches touch: all ``patched`` is accepted; all ``pristine`` only with the
+   engine's explicit escape hatch; ``mixed`` (a half-patched group), ``unknown``/``missing``
+   files, a pending interrupted transaction and a release we have no manifest for are refused.
+2. Every ``watch`` entry (engine code we rely on without patching it) still has its recorded
+   source hash; a changed function means that reliance is unverified there, and is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import KitError
+from ..findings import ERROR, OK, WARNING, Finding
+from .engines import ENGINES
+from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, function_sha256
+
+# Verdict states, beyond the per-file ones.
+MIXED, PENDING, NO_VERDICT = "mixed", "pending", "error"
+
+# Each engine's escape hatch for running on a pristine engine, and the command that patches it.
+ALLOW_UNPATCHED_ENV = {"sglang": "SGLANG_SSD_STREAM_ALLOW_UNPATCHED", "vllm": "VLLM_PLE_ALLOW_UNPATCHED"}
+TOOL = {"sglang": "sglang-ssd-stream", "vllm": "vllm-ple-offload"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    engine: str
+    state: str  # patched | pristine | mixed | unknown | pending | error
+    release: str | None
+    listing: str  # "path=state, ..." or the reason no verdict could be reached
+    files: int = 0
+    watch_ok: int = 0
+    watch_changed: tuple[str, ...] = field(default_factory=tuple)  # one message per changed function
+
+    def findings(self, *, allow_unpatched: bool = False) -> list[Finding]:
+        """The verdict as findings (``source`` and, when the manifest watches code, ``watched_code``)."""
+        tool, name = TOOL[self.engine], f"{self.engine} {self.release or ''}".rstrip()
+        apply = f"{tool} patch apply (in the runtime that serves)"
+        escape = ALLOW_UNPATCHED_ENV[self.engine]
+        if self.state == PATCHED:
+            out = [Finding(OK, "source", f"{name}: {self.files} file(s) patched" if self.files
+                           else f"{name}: no file to patch in this release")]
+        elif self.state == PRISTINE and allow_unpatched:
+            out = [Finding(WARNING, "source", f"{name} is UNPATCHED ({self.listing}); accepted because {escape}=1",
+                           apply)]
+        elif self.state == PRISTINE:
+            out = [Finding(ERROR, "source", f"{name} is not patched ({self.listing})",
+                           f"{apply}; or set {escape}=1 to run on a pristine {self.engine}")]
+        elif self.state == MIXED:
+            out = [Finding(ERROR, "source", f"{name} is half-patched ({self.listing}); half-patched files are never "
+                           f"used", f"{tool} patch apply (it completes or recovers the series)")]
+        elif self.state == PENDING:
+            out = [Finding(ERROR, "source", f"{name}: an interrupted patch transaction is pending ({self.listing})",
+                           f"{tool} patch status with write access to the engine's site-packages finishes it")]
+        elif self.state == UNKNOWN:
+            out = [Finding(ERROR, "source", f"{name} files match no state this kit knows ({self.listing})",
+                           f"reinstall the engine as released (pip install --force-reinstall --no-deps "
+                           f"{self.engine}=={self.release or ENGINES[self.engine].pinned}), then {tool} patch apply")]
+        else:
+            out = [Finding(ERROR, "source", f"cannot tell the {self.engine} source state: {self.listing}",
+                           f"install {self.engine}=={ENGINES[self.engine].pinned} (the release this kit pins) in the "
+                           f"runtime, or point the check at it with --python")]
+        for message in self.watch_changed:
+            out.append(Finding(ERROR, "watched_code", message,
+                               f"install {self.engine}=={self.release} as released"))
+        if self.watch_ok and not self.watch_changed:
+            out.append(Finding(OK, "watched_code", f"{self.watch_ok} watched {self.engine} function(s) unchanged"))
+        return out
+
+
+def verdict(engine_name: str, *, python: str | None = None, site_packages: Path | None = None,
+            root: Path | None = None) -> Verdict:
+    """The verdict on ``engine_name`` as this process imports it (default), as ``python`` imports it,
+    or in ``site_packages``."""
+    from . import commands
+    from .target import from_python, from_site_packages, from_this_process
+
+    engine = ENGINES[engine_name]
+    try:
+        if site_packages is not None:
+            target = from_site_packages(engine, site_packages)
+        elif python is not None:
+            target = from_python(engine, python)
+        else:
+            target = from_this_process(engine)
+        report = commands.status(target, root)
+    except KitError as exc:
+        return Verdict(engine_name, NO_VERDICT, None, exc.message)
+    states = {f.state for f in report.files}
+    listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
+    if report.pending_recovery:
+        state = PENDING
+    elif states <= {PATCHED}:
+        state = PATCHED
+    elif states == {PRISTINE}:
+        state = PRISTINE
+    elif states <= {PATCHED, PRISTINE}:
+        state = MIXED
+    else:
+        state = UNKNOWN if states & {UNKNOWN, MISSING} else MIXED
+    changed, ok = [], 0
+    for w in report.manifest.watch:
+        try:
+            got = function_sha256((target.site_packages / w.path).read_bytes(), w.function)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
+            got, detail = None, f"is unreadable ({exc})"
+        else:
+            detail = "is missing" if got is None else f"has SHA-256 {got}"
+        if got == w.sha256:
+            ok += 1
+        else:
+            changed.append(f"{w.path}:{w.function} {detail}, expected {w.sha256}; we rely on it unpatched ({w.why})")
+    return Verdict(engine_name, state, report.target.release, listing, len(report.files), ok, tuple(changed))

@@ -161,7 +161,7 @@ def run_checks(settings: env.PleSettings, facts: Facts, *, need_bytes: int | Non
     else:
         findings.append(Finding(ERROR, "uva", f"{env.BACKEND}=pinned reads the table from GPU kernels through UVA, "
                                 f"but vLLM's platform is {facts.platform} without CUDA pinned memory",
-                                f"run on a CUDA GPU (not WSL1, not a CPU platform), or use {env.BACKEND}=sidecar"))
+                                f"run on a CUDA GPU (not WSL1, not a CPU platform), or use {env.BACKEND}=pread"))
     if settings.backend == env.PINNED:
         findings.append(check_memlock(facts, need_bytes, "the PLE table"))
     if facts.expandable_segments:

@@ -8,8 +8,9 @@ configuration would otherwise be ignored silently. ``1`` selects a backend:
              rounding), read by vLLM's own UVA lookup kernel; filled from the checkpoint.
 ``mmap``     the table is the sidecar file, mapped read-only; rows are gathered on the CPU by a
              worker pool from the page cache, staged in pinned memory and copied to the GPU.
-``sidecar``  like ``mmap``, but rows are read with the shared sidecar reader (``preadv``, fixed
-             working set) instead of page faults.
+``pread``    like ``mmap``, but rows are read with the shared sidecar reader (``preadv``, fixed
+             working set) instead of page faults: SGLang's ``SGLANG_SSD_STREAM_IO=pread``.
+             (Called ``sidecar`` before; that name is refused with the new one.)
 
 Any unknown ``VLLM_PLE_*`` name is refused (a typo would otherwise be ignored).
 """
@@ -33,9 +34,10 @@ STATS_INTERVAL = "VLLM_PLE_STATS_INTERVAL"
 ALLOW_UNPATCHED = "VLLM_PLE_ALLOW_UNPATCHED"
 KNOWN = (CPU_OFFLOAD, BACKEND, SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, ALLOW_UNPATCHED)
 
-PINNED, MMAP, SIDECAR_BACKEND = "pinned", "mmap", "sidecar"
-BACKENDS = (PINNED, MMAP, SIDECAR_BACKEND)
-STREAMING_BACKENDS = (MMAP, SIDECAR_BACKEND)
+PINNED, MMAP, PREAD = "pinned", "mmap", "pread"
+BACKENDS = (PINNED, MMAP, PREAD)
+STREAMING_BACKENDS = (MMAP, PREAD)
+RENAMED_BACKENDS = {"sidecar": PREAD}  # old name -> new: refused with the new name
 DEFAULT_BACKEND = PINNED
 
 # The Thor write-up's measured optimum: 24 workers x 2,048 rows per task took 277 -> 10 us/row.
@@ -113,6 +115,9 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         return None
 
     backend = env.get(BACKEND, DEFAULT_BACKEND)
+    if backend in RENAMED_BACKENDS:
+        raise PleSettingsError(f"{BACKEND}={backend!r} is now called {RENAMED_BACKENDS[backend]!r} (the same reader "
+                               f"SGLang calls SGLANG_SSD_STREAM_IO=pread); set {BACKEND}={RENAMED_BACKENDS[backend]}")
     if backend not in BACKENDS:
         raise PleSettingsError(f"{BACKEND}={backend!r} is not a PLE backend; choose one of {', '.join(BACKENDS)}")
     streaming = backend in STREAMING_BACKENDS

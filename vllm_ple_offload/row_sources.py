@@ -29,7 +29,7 @@ from sglang_ssd_stream.sidecar.reader import SidecarReader
 
 
 class SidecarRows:
-    kind = "sidecar"
+    kind = "pread"
 
     def __init__(self, table: SidecarTable, *, vocab_start: int, vocab_end: int, total_rows: int,
                  workers: int, rows_per_task: int):
@@ -72,4 +72,4 @@ class MmapRows:
         self.reader.close()
 
 
-SOURCES = {"sidecar": SidecarRows, "mmap": MmapRows}
+SOURCES = {"pread": SidecarRows, "mmap": MmapRows}

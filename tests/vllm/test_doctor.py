@@ -17,18 +17,18 @@ def test_pinned_on_a_cpu_platform_fails_and_names_the_fixes(vllm):
     r = doctor(vllm)
     assert r.returncode == 4, r.stderr[-2000:]
     assert "backend=pinned (assumed (the plugin is off))" in r.stdout
-    assert "[error] uva:" in r.stdout and "use VLLM_PLE_OFFLOAD_BACKEND=sidecar" in r.stdout
+    assert "[error] uva:" in r.stdout and "use VLLM_PLE_OFFLOAD_BACKEND=pread" in r.stdout
     assert "[error] source_state:" in r.stdout and "vllm-ple-offload patch apply" in r.stdout
     assert r.stdout.rstrip().endswith("FAILED: fix the errors above")
 
 
 def test_streaming_backend_passes_with_warnings(vllm, tmp_path):
     manifest = write_sidecar(tmp_path, {3: ("bfloat16", random_table(64, 8, 0))})
-    r = doctor(vllm, "--backend", "sidecar", "--sidecar", str(manifest), "--json", VLLM_PLE_CPU_OFFLOAD="1",
+    r = doctor(vllm, "--backend", "pread", "--sidecar", str(manifest), "--json", VLLM_PLE_CPU_OFFLOAD="1",
                VLLM_PLE_ALLOW_UNPATCHED="1")
     assert r.returncode == 0, (r.stdout, r.stderr[-2000:])
     doc = json.loads(r.stdout)
-    assert doc["ok"] is True and doc["settings"] == {"backend": "sidecar", "sidecar": str(manifest),
+    assert doc["ok"] is True and doc["settings"] == {"backend": "pread", "sidecar": str(manifest),
                                                      "plugin_enabled": True}
     levels = {}
     for f in doc["findings"]:
@@ -62,7 +62,7 @@ def test_memlock_with_unknown_table_size_warns(vllm):
 
 
 def test_bad_settings_are_a_usage_error(vllm):
-    r = doctor(vllm, VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="sidecar")
+    r = doctor(vllm, VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="pread")
     assert r.returncode == 64 and "needs VLLM_PLE_SIDECAR" in r.stderr
 
 

@@ -50,6 +50,11 @@ def test_backend_is_case_sensitive():
         read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="Pinned")
 
 
+def test_the_old_backend_name_is_refused_with_the_new_one():
+    with pytest.raises(PleSettingsError, match="is now called 'pread'.*VLLM_PLE_OFFLOAD_BACKEND=pread"):
+        read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="sidecar")
+
+
 def test_unknown_variable_is_refused():
     with pytest.raises(PleSettingsError, match=r"unknown variable\(s\) VLLM_PLE_BACKEND"):
         read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_BACKEND="sidecar")
@@ -57,7 +62,7 @@ def test_unknown_variable_is_refused():
 
 @pytest.mark.parametrize("switch", [None, "0"])
 def test_settings_without_the_switch_are_refused(switch):
-    kw = {"VLLM_PLE_OFFLOAD_BACKEND": "sidecar"}
+    kw = {"VLLM_PLE_OFFLOAD_BACKEND": "pread"}
     if switch is not None:
         kw["VLLM_PLE_CPU_OFFLOAD"] = switch
     with pytest.raises(PleSettingsError, match="VLLM_PLE_OFFLOAD_BACKEND set while VLLM_PLE_CPU_OFFLOAD is"):

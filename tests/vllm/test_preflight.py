@@ -13,7 +13,7 @@ from vllm_ple_offload.doctor import ERROR, OK, WARNING, DiskFacts, Facts
 GIB = 1 << 30
 PINNED = env.PleSettings(backend="pinned", sidecar=None, fetch_workers=24, rows_per_task=2048, stats_interval=0,
                          allow_unpatched=False)
-SIDECAR = env.PleSettings(backend="sidecar", sidecar=None, fetch_workers=24, rows_per_task=2048, stats_interval=0,
+SIDECAR = env.PleSettings(backend="pread", sidecar=None, fetch_workers=24, rows_per_task=2048, stats_interval=0,
                           allow_unpatched=False)
 
 
@@ -37,7 +37,7 @@ def test_healthy_machine_passes():
 def test_no_uva_refuses_pinned_and_names_the_fix():
     findings = preflight.run_checks(PINNED, facts(uva=False, platform="CpuPlatform"))
     [uva] = by_check(findings, "uva")
-    assert uva.level == ERROR and "CpuPlatform" in uva.message and "VLLM_PLE_OFFLOAD_BACKEND=sidecar" in uva.fix
+    assert uva.level == ERROR and "CpuPlatform" in uva.message and "VLLM_PLE_OFFLOAD_BACKEND=pread" in uva.fix
     with pytest.raises(PreflightFailed, match="uva") as e:
         preflight.raise_on_errors(findings)
     assert e.value.exit_code == 4
@@ -147,7 +147,7 @@ def test_sidecar_disks_use_the_shared_classification(tmp_path, monkeypatch, fsty
 def test_sidecar_missing_is_refused(tmp_path):
     from sglang_ssd_stream.sidecar.errors import SidecarManifestError
 
-    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "sidecar",
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "pread",
                            "VLLM_PLE_SIDECAR": str(tmp_path / "nowhere")})
     with pytest.raises(SidecarManifestError, match="sidecar manifest not found"):
         preflight.sidecar_disks(s)

@@ -112,7 +112,7 @@ def test_ids_outside_the_table_are_refused(kind, sidecar, bad):
 
 def test_call_order_is_enforced(sidecar):
     table, _ = sidecar
-    g = make("sidecar", table)
+    g = make("pread", table)
     with pytest.raises(RuntimeError, match="without a pending start"):
         g.finish(torch.empty(0, table.row_bytes, dtype=torch.uint8))
     g.start(torch.tensor([1]))
@@ -133,7 +133,7 @@ def test_capacity_is_enforced(sidecar):
 
 def test_sidecar_read_failure_fails_closed(sidecar):
     table, data = sidecar
-    g = make("sidecar", table)
+    g = make("pread", table)
     assert np.array_equal(lookup(g, np.array([4999])), data[[4999]])
     os.truncate(table.file, 100)  # the file shrinks under a running server
     g.start(torch.tensor([4999]))
@@ -167,7 +167,7 @@ def test_mmap_missing_file_is_an_io_error(sidecar):
 
 def test_stats_line_splits_the_timing(sidecar):
     table, _ = sidecar
-    g = make("sidecar", table)
+    g = make("pread", table)
     lookup(g, np.arange(100))
     line = g.stats.line()
     assert "D2H" in line and "gather" in line and "H2D" in line and "us/row" in line

@@ -28,7 +28,7 @@ def sidecar(tmp_path):
 
 
 def streaming(manifest, **extra):
-    return {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "sidecar", "VLLM_PLE_SIDECAR": str(manifest),
+    return {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "pread", "VLLM_PLE_SIDECAR": str(manifest),
             "VLLM_PLE_ALLOW_UNPATCHED": "1", **extra}
 
 

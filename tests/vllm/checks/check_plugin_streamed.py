@@ -20,7 +20,7 @@ from tests.vllm.synthetic import finite_fp8_table, random_table, write_sidecar
 from vllm_ple_offload.errors import PleSettingsError
 
 DTYPES = ["bfloat16", "float8_e4m3fn"]
-BACKENDS = ["sidecar", "mmap"]
+BACKENDS = ["pread", "mmap"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -97,14 +97,14 @@ def test_sidecar_from_another_checkpoint_is_refused(tmp_path, monkeypatch, backe
 ])
 def test_sidecar_of_another_shape_is_refused(tmp_path, monkeypatch, columns_off, rows_off, match):
     cfg, _, _, manifest = make_sidecar(tmp_path, "bfloat16", columns_off=columns_off, rows_off=rows_off)
-    harness.load_plugins(monkeypatch, settings("sidecar", manifest))
+    harness.load_plugins(monkeypatch, settings("pread", manifest))
     with pytest.raises(SidecarShapeMismatch, match=match):
         harness.build(cfg)
 
 
 def test_sidecar_of_another_dtype_is_refused(tmp_path, monkeypatch):
     _, _, _, manifest = make_sidecar(tmp_path, "float8_e4m3fn")
-    harness.load_plugins(monkeypatch, settings("sidecar", manifest))
+    harness.load_plugins(monkeypatch, settings("pread", manifest))
     with pytest.raises(SidecarShapeMismatch, match="is float8_e4m3fn, but the model expects bfloat16"):
         harness.build(harness.text_config("bfloat16"))
 
@@ -121,28 +121,28 @@ def test_sidecar_without_this_layer_is_refused(tmp_path, monkeypatch):
 @pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"])
 def test_full_cuda_graphs_are_refused(tmp_path, monkeypatch, mode):
     cfg, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
-    harness.load_plugins(monkeypatch, settings("sidecar", manifest))
+    harness.load_plugins(monkeypatch, settings("pread", manifest))
     with pytest.raises(PleSettingsError, match=f"cudagraph_mode={mode}: .*PIECEWISE.*--enforce-eager"):
         harness.build(cfg, cudagraph_mode=mode)
 
 
 def test_piecewise_cuda_graphs_are_accepted(tmp_path, monkeypatch):
     cfg, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
-    harness.load_plugins(monkeypatch, settings("sidecar", manifest))
+    harness.load_plugins(monkeypatch, settings("pread", manifest))
     assert harness.build(cfg, cudagraph_mode="PIECEWISE").ngram_embedding.supports_prefetch
 
 
 def test_nvfp4_table_is_refused(tmp_path, monkeypatch):
     cfg, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
     cfg.ple_embedding_dtype = "nvfp4"
-    harness.load_plugins(monkeypatch, settings("sidecar", manifest))
+    harness.load_plugins(monkeypatch, settings("pread", manifest))
     with pytest.raises(SidecarShapeMismatch, match="NVFP4.*use VLLM_PLE_OFFLOAD_BACKEND=pinned"):
         harness.build(cfg)
 
 
 def test_engram_cpu_offload_false_contradicts_the_switch(tmp_path, monkeypatch):
     cfg, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
-    harness.load_plugins(monkeypatch, settings("sidecar", manifest))
+    harness.load_plugins(monkeypatch, settings("pread", manifest))
     with pytest.raises(PleSettingsError, match="--engram-config cpu_offload=false"):
         harness.build(cfg, cpu_offload=False)
 
@@ -160,7 +160,7 @@ def test_register_is_idempotent(tmp_path, monkeypatch):
 
 def test_missing_sidecar_stops_the_process(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="sidecar manifest not found"):
-        harness.load_plugins(monkeypatch, settings("sidecar", tmp_path / "missing" / "ssd-stream.json"))
+        harness.load_plugins(monkeypatch, settings("pread", tmp_path / "missing" / "ssd-stream.json"))
     ne, common = harness.modules()
     assert ne.Qwen4ExpPLEPinnedHostEmbedding is common.Qwen4ExpPLEPinnedHostEmbedding  # nothing was swapped
 
@@ -180,7 +180,7 @@ def test_class_replaced_by_someone_else_is_refused(tmp_path, monkeypatch):
     _, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
     foreign = type("ForeignPLE", (), {})
     with pytest.raises(SystemExit, match="another plugin replaced it, refusing to stack on top"):
-        harness.load_plugins(monkeypatch, settings("sidecar", manifest),
+        harness.load_plugins(monkeypatch, settings("pread", manifest),
                              prepare=lambda ne: monkeypatch.setattr(ne, "Qwen4ExpPLEPinnedHostEmbedding", foreign))
     ne, _ = harness.modules()
     assert ne.Qwen4ExpPLEPinnedHostEmbedding is foreign  # left as found

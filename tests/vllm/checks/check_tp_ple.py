@@ -27,7 +27,7 @@ def test_vllm_ranges_assemble_tp1_rows(tmp_path, dtype, world):
     assert set(report["cases"]) == {"random", "boundaries", "duplicates", "mixed"}
 
 
-@pytest.mark.parametrize("backend,dtype", [("sidecar", "float8_e4m3fn"), ("mmap", "bfloat16")])
+@pytest.mark.parametrize("backend,dtype", [("pread", "float8_e4m3fn"), ("mmap", "bfloat16")])
 def test_vllm_streamed_backend_at_tp2(tmp_path, backend, dtype):
     import torch.multiprocessing as mp
 

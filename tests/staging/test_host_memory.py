@@ -8,7 +8,7 @@ import mmap
 import pytest
 import torch
 
-from vllm_ple_offload import host_memory
+from sglang_ssd_stream.staging import host_memory
 from sglang_ssd_stream.staging.host_memory import HostMemoryError
 
 GIB = 1 << 30

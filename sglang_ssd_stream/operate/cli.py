@@ -51,10 +51,15 @@ def cmd_serve(args, exec_fn=None) -> int:
     launch = build_launch(profile, args.side, model=model, draft=draft if profile.needs_draft else None, host=args.host,
                           port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
                           allow_unauthenticated=args.allow_unauthenticated, extra=args.extra)
-    preflight(args.side, profile, model, draft if profile.needs_draft else None, launch.env, launch.argv)
-    if args.dry_run:
+    if args.dry_run:  # the command and the whole verdict, on any machine; a report, not a refusal
+        from .preflight import findings_for, report_lines
+
+        findings = findings_for(args.side, profile, model, draft if profile.needs_draft else None, launch.env,
+                                launch.argv, report_errors=True)
         print(launch.shell())
+        print("\n".join(report_lines(findings)))
         return EXIT_OK
+    preflight(args.side, profile, model, draft if profile.needs_draft else None, launch.env, launch.argv)
     sys.stdout.flush()
     sys.stderr.flush()
     (exec_fn or os.execvpe)(launch.argv[0], launch.argv, launch.env)

@@ -1,8 +1,10 @@
 """Checks run before ``serve`` execs the engine: our own file checks, then the adapter's doctor.
 
-Our own checks are cheap and certain (files exist, the sidecar manifest loads with the right
-sizes; no 47 GiB hash pass, the plugin does that with its cache). The engine's checks come from
-the adapter (``side.preflight``) as findings; a refusal stops the launch, warnings are printed.
+Everything is a :class:`~sglang_ssd_stream.findings.Finding`, so ``serve --dry-run`` can print the
+whole verdict as a report on any machine (a CPU box included) and a real ``serve`` refuses on the
+same errors. Our own checks are cheap and certain (files exist, the sidecar manifest loads with the
+right sizes; no 47 GiB hash pass, the plugin does that with its cache). The engine's checks come
+from the adapter (``side.preflight``).
 """
 
 from __future__ import annotations
@@ -10,35 +12,63 @@ from __future__ import annotations
 import os
 import sys
 
-from ..findings import WARNING, refusal_text
+from ..errors import KitError
+from ..findings import ERROR, OK, WARNING, Finding, errors_of, refusal_text
 from .errors import ServeRefused
 
+REFUSAL_HEADLINE = "doctor refused the launch:"
 
-def _need_config(kind: str, path: str | None) -> None:
+
+def _config_finding(check: str, kind: str, path: str | None) -> Finding:
     if path is None or not os.path.isfile(os.path.join(path, "config.json")):
-        raise ServeRefused(f"{kind} directory {path!r} has no config.json")
+        return Finding(ERROR, check, f"{kind} directory {path!r} has no config.json",
+                       "pass the right --model/--draft, or build the view: sglang-ssd-stream model fetch")
+    return Finding(OK, check, path)
 
 
-def check_files(profile, model: str, draft: str | None) -> None:
-    _need_config("model", model)
+def file_findings(profile, model: str, draft: str | None) -> list[Finding]:
+    out = [_config_finding("model", "model", model)]
     if profile.needs_draft:
-        _need_config("draft (MTP)", draft)
-    if profile.needs_sidecar:
+        out.append(_config_finding("draft", "draft (MTP)", draft))
+    if profile.needs_sidecar and out[0].level == OK:
         from ..sidecar.format import load_manifest
 
-        load_manifest(model, trusted_roots=[os.path.realpath(model)])  # raises Sidecar* (BadKitData) errors
+        try:
+            load_manifest(model, trusted_roots=[os.path.realpath(model)])
+            out.append(Finding(OK, "sidecar", f"{model}/ssd-stream.json loads, sizes match"))
+        except KitError as exc:  # Sidecar* (BadKitData) errors: the message names file and sizes
+            out.append(Finding(ERROR, "sidecar", exc.message, "rebuild or re-download the sidecar "
+                               "(sglang-ssd-stream model fetch verifies every file)"))
+    return out
 
 
-def run_doctor(side, profile, model: str, draft: str | None, env: dict, argv: list[str]) -> list:
-    """The adapter's doctor sees the whole launch line (profile flags and extras); returns its findings."""
-    return list(side.preflight(profile=profile.name, model=model, draft=draft, env=env, argv=argv) or [])
+def run_doctor(side, profile, model: str, draft: str | None, env: dict, argv: list[str],
+               *, report_errors: bool = False) -> list[Finding]:
+    """The adapter's doctor sees the whole launch line (profile flags and extras); returns its findings.
+
+    With ``report_errors`` a doctor that cannot run at all (the engine is not installed, …) becomes
+    one error finding instead of the exception, for a report that must print on any machine.
+    """
+    try:
+        return list(side.preflight(profile=profile.name, model=model, draft=draft, env=env, argv=argv) or [])
+    except KitError as exc:
+        if not report_errors:
+            raise
+        return [Finding(ERROR, "doctor", f"{side.display} doctor could not run: {exc.message}",
+                        side.install_hint or None)]
 
 
-def preflight(side, profile, model: str, draft: str | None, env: dict, argv: list[str] = ()) -> list[str]:
-    """Raise on anything that must stop the launch; return warnings (printed on stderr by serve)."""
-    check_files(profile, model, draft)
-    findings = run_doctor(side, profile, model, draft, env, list(argv))
-    refusal = refusal_text(findings, "doctor refused the launch:")
+def findings_for(side, profile, model: str, draft: str | None, env: dict, argv=(), *,
+                 report_errors: bool = False) -> list[Finding]:
+    """Our file checks, then the adapter's doctor (skipped when the model directory is unusable)."""
+    found = file_findings(profile, model, draft)
+    return found + run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)
+
+
+def preflight(side, profile, model: str, draft: str | None, env: dict, argv=()) -> list[str]:
+    """Raise on anything that must stop the launch; return warnings (printed on stderr)."""
+    findings = findings_for(side, profile, model, draft, env, argv)
+    refusal = refusal_text(findings, REFUSAL_HEADLINE)
     if refusal:
         raise ServeRefused(refusal)
     warnings = [f"{f.check}: {f.message}" + (f" (fix: {f.fix})" if f.fix else "") for f in findings
@@ -46,3 +76,14 @@ def preflight(side, profile, model: str, draft: str | None, env: dict, argv: lis
     for w in warnings:
         print(f"preflight: warning: {w}", file=sys.stderr)
     return warnings
+
+
+def report_lines(findings: list[Finding]) -> list[str]:
+    """The findings as shell comments (a dry run's stdout stays a runnable script), then the verdict."""
+    lines = []
+    for f in findings:
+        lines += ["# " + line for line in f.line().splitlines()]
+    bad = errors_of(findings)
+    lines.append(f"# a real serve would refuse here: {len(bad)} error(s) above" if bad
+                 else "# preflight: nothing refused")
+    return lines

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from sglang_ssd_stream.errors import BadKitData
 from sglang_ssd_stream.operate import add_operate_commands
 from sglang_ssd_stream.operate.errors import ServeRefused
 from sglang_ssd_stream.operate.launch import build_launch
@@ -191,7 +190,7 @@ def test_preflight_refuses_bad_sidecar(tmp_path):
     model = write_model(tmp_path / "model")
     (model / "ple" / "layer-3.bin").write_bytes(b"short")
     args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
-    with pytest.raises(BadKitData):
+    with pytest.raises(ServeRefused, match=r"\[error\] sidecar: .*layer-3.bin"):
         args.func(args, exec_fn=lambda *a: pytest.fail("exec"))
 
 
@@ -215,8 +214,9 @@ def test_doctor_seam_called_and_can_refuse(tmp_path, monkeypatch, capsys):
         return [Finding(WARNING, "swap", "swap is 2 GiB; the Thor write-up runs 16 GiB", "add swap")]
 
     monkeypatch.setattr(doctor, "preflight", preflight)
-    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
-    assert args.func(args) == 0
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
+    calls = []
+    assert args.func(args, exec_fn=lambda *a: calls.append(a)) == 0 and calls
     assert (seen["profile"], seen["model"], seen["draft"]) == ("thor", str(model), f"{model}/mtp")
     assert seen["env"]["SGLANG_PLUGINS"] == "ssd_stream"
     assert "--mem-fraction-static" in seen["argv"]  # the doctor sees the whole launch line
@@ -224,7 +224,11 @@ def test_doctor_seam_called_and_can_refuse(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(doctor, "preflight", lambda **kw: [Finding(ERROR, "swap", "swap missing", "add swap")])
     with pytest.raises(ServeRefused, match="swap missing"):
-        args.func(args)
+        args.func(args, exec_fn=lambda *a: pytest.fail("exec after a refusal"))
+    dry = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
+    assert dry.func(dry) == 0
+    out = capsys.readouterr().out
+    assert "# [error] swap: swap missing\n#     fix: add swap\n" in out
 
 
 def test_serve_model_from_state(tmp_path, monkeypatch):
@@ -257,6 +261,56 @@ def test_every_sglang_profile_flag_exists_in_real_sglang_0_5_23():
 def test_real_doctor_refuses_this_cpu_only_host(tmp_path):
     """No stand-in: the real doctor runs before exec and refuses a host without a CUDA device."""
     model = write_model(tmp_path / "model")
-    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
     with pytest.raises(ServeRefused, match="no CUDA device"):
         args.func(args, exec_fn=lambda *a: pytest.fail("must not exec"))
+
+
+@pytest.mark.real_doctor
+@pytest.mark.parametrize("profile", ["thor", "discrete-gpu"])
+def test_real_dry_run_reports_on_a_cpu_only_host(tmp_path, capsys, profile):
+    """Issue 17 item 1: the dry run prints the command and the real doctor's verdict, exit 0, here too."""
+    model = write_model(tmp_path / "model")
+    args = _parser("sglang").parse_args(["serve", "--profile", profile, "--model", str(model), "--dry-run"])
+    assert args.func(args, exec_fn=lambda *a: pytest.fail("exec in dry run")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "-m sglang.launch_server --model-path " in out[0]
+    comments = out[1:]
+    assert comments and all(line.startswith("# ") for line in comments)
+    assert any(line.startswith("# [error] device: no CUDA device") for line in comments)
+    assert any(line.startswith("# [ok] model: ") for line in comments)
+    assert comments[-1].startswith("# a real serve would refuse here: ")
+
+
+def test_dry_run_reports_file_problems_instead_of_refusing(tmp_path, capsys):
+    """A dry run names every problem (missing draft, bad sidecar) as a finding; a real serve refuses on them."""
+    model = write_model(tmp_path / "model", draft=False)
+    (model / "ple" / "layer-3.bin").write_bytes(b"short")
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
+    assert args.func(args, exec_fn=lambda *a: pytest.fail("exec in dry run")) == 0
+    out = capsys.readouterr().out
+    assert "# [error] draft: draft (MTP) directory" in out and "# [error] sidecar: " in out
+    assert "# a real serve would refuse here: 2 error(s) above" in out
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
+    with pytest.raises(ServeRefused, match=r"(?s)\[error\] draft: .*\[error\] sidecar: "):
+        args.func(args, exec_fn=lambda *a: pytest.fail("exec"))
+
+
+def test_dry_run_reports_a_doctor_that_cannot_run(tmp_path, capsys, monkeypatch):
+    """An engine that is not installed is a finding of the dry run (exit 0) and a refusal of serve (its code)."""
+    from sglang_ssd_stream.errors import EnvironmentProblem
+    from sglang_ssd_stream.sglang import doctor
+
+    def broken(**kw):
+        raise EnvironmentProblem("sglang is not installed in this Python")
+
+    monkeypatch.setattr(doctor, "preflight", broken)
+    model = write_model(tmp_path / "model")
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "# [error] doctor: SGLang doctor could not run: sglang is not installed" in out
+    assert "#     fix: ./install.sh --engine sglang" in out
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
+    with pytest.raises(EnvironmentProblem):
+        args.func(args, exec_fn=lambda *a: pytest.fail("exec"))

@@ -166,13 +166,41 @@ def _systemd(args) -> int:
         argv += ["--allow-unauthenticated"]
     for n in args.served_name or ():
         argv += ["--served-name", n]
-    home = args.home or os.path.expanduser(f"~{args.user}")
+    home, group = _unit_account(args.user, args.home, args.group)
     env = {"SGLANG_SSD_STREAM_HOME": args.data_dir} if args.data_dir else {}
     text = render_systemd(name=args.name, description=f"Qwen3.8 Flash-Next on {args.side.display} ({profile.name} "
-                          f"profile)", user=args.user, group=args.group, workdir=args.workdir or home, home=home,
+                          f"profile)", user=args.user, group=group, workdir=args.workdir or home, home=home,
                           exec_argv=argv, environment=env)
     _emit(text, args.output)
     return EXIT_OK
+
+
+def _unit_account(user: str, home: str | None, group: str | None) -> tuple[str, str]:
+    """(home, group) of the unit's user. A user this host lacks has no home to look up: refused unless
+    --home names it (a unit written for another host), never ``~user`` written literally."""
+    import grp
+    import pwd
+
+    from .errors import ServeRefused
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        pw = None
+    if pw is None:
+        if not home:
+            raise ServeRefused(f"user {user!r} does not exist on this host, so its home directory is unknown; create "
+                               f"it (sudo useradd -m {user}) or, for a unit meant for another host, pass --home "
+                               f"(and --workdir)")
+        print(f"service: warning: user {user!r} does not exist on this host; the unit uses --home {home} and "
+              f"Group={group or user} as given", file=sys.stderr)
+        return home, group or user
+    if group is None:
+        try:
+            group = grp.getgrgid(pw.pw_gid).gr_name
+        except KeyError:
+            group = user
+    return home or pw.pw_dir, group
 
 
 def cmd_update_model(args) -> int:

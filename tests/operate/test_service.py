@@ -121,3 +121,45 @@ def test_compose_refuses_sglang_profile():
         render_compose(PROFILES["thor"], SIDES["sglang"], service="s", image="i", model_dir="/m", cache_dir="/c", port=None,
                        publish="127.0.0.1", require_api_key=False, allow_unauthenticated=False, served_names=(),
                        gpus=("0",))
+
+
+def _parsed(engine, argv):
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES[engine])
+    return p.parse_args(argv)
+
+
+NO_SUCH_USER = "ssd-stream-no-such-user"
+
+
+def test_systemd_user_this_host_lacks_is_refused_without_home(capsys):
+    """Issue 17 item 4: never `WorkingDirectory=~nvidia`; without --home the unit is refused."""
+    import pwd
+
+    with pytest.raises(KeyError):
+        pwd.getpwnam(NO_SUCH_USER)
+    args = _parsed("sglang", ["service", "--profile", "thor", "--model", "/m", "--user", NO_SUCH_USER, "--cli", "/c"])
+    with pytest.raises(ServeRefused, match=f"user '{NO_SUCH_USER}' does not exist on this host.*--home"):
+        args.func(args)
+    assert capsys.readouterr().out == ""  # nothing written
+
+
+def test_systemd_user_this_host_lacks_with_home_warns(capsys):
+    args = _parsed("sglang", ["service", "--profile", "thor", "--model", "/m", "--user", NO_SUCH_USER,
+                              "--home", "/home/x", "--cli", "/c"])
+    assert args.func(args) == 0
+    out, err = capsys.readouterr()
+    assert "~" not in out
+    assert f"User={NO_SUCH_USER}\nGroup={NO_SUCH_USER}\nWorkingDirectory=/home/x\nEnvironment=HOME=/home/x\n" in out
+    assert f"warning: user '{NO_SUCH_USER}' does not exist on this host" in err
+
+
+def test_systemd_existing_user_home_and_group_from_the_account_database(capsys):
+    import grp
+    import os
+    import pwd
+
+    pw = pwd.getpwuid(os.getuid())
+    out = _run("sglang", ["service", "--profile", "thor", "--model", "/m", "--user", pw.pw_name, "--cli", "/c"], capsys)
+    group = grp.getgrgid(pw.pw_gid).gr_name
+    assert f"User={pw.pw_name}\nGroup={group}\nWorkingDirectory={pw.pw_dir}\nEnvironment=HOME={pw.pw_dir}\n" in out

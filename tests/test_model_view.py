@@ -243,3 +243,19 @@ def test_read_only_output_directory(snaps, tmp_path):
     assert r.returncode == EXIT_ENVIRONMENT, (r.returncode, r.stderr)
     assert "Read-only file system" in r.stderr and "Nothing was changed" in r.stderr
     assert os.listdir(parent) == []
+
+
+def test_build_view_out_is_a_real_option_and_prefixes_are_refused(snaps, tmp_path, capsys):
+    """Issue 17 item 7: the README's `build-view … --out DIR` worked only by argparse prefix matching."""
+    from sglang_ssd_stream.cli import main
+    from sglang_ssd_stream.errors import EXIT_USAGE
+
+    dense, prepared, _ = snaps
+    for flag in ("--out", "--output", "-o"):
+        out = tmp_path / f"view{flag.strip('-')}"
+        assert main(["model", "build-view", "--dense", str(dense), "--prepared", str(prepared), flag, str(out)]) == 0
+        assert (out / MARKER_NAME).is_file()
+    with pytest.raises(SystemExit) as exc:
+        main(["model", "build-view", "--dense", str(dense), "--prepared", str(prepared), "--outp", str(tmp_path / "x")])
+    assert exc.value.code == EXIT_USAGE and not (tmp_path / "x").exists()
+    assert "required: -o/--out/--output" in capsys.readouterr().err  # --outp is no abbreviation of anything

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import EXIT_OK, EXIT_USAGE
 
 DEFAULT_MODEL_REPO = "garnermccloud/Qwen3.8-Flash-Next-NVFP4-SSD-Stream"  # the prepared snapshot of write-up 000
+DEFAULT_MODEL_REVISION = "main"  # update-model updates: the branch head, resolved to a commit and pinned
 
 
 def _api_key(args) -> str | None:
@@ -296,7 +297,9 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     names = profiles_for(side.name)
     parsers = {}
 
-    s = subparsers.add_parser("serve", help="run the engine with a launch profile (preflight, then exec)")
+    # allow_abbrev=False: the README's flags are the only spellings (a prefix like --out must not stand in for --output)
+    s = subparsers.add_parser("serve", help="run the engine with a launch profile (preflight, then exec)",
+                              allow_abbrev=False)
     s.add_argument("--profile", required=True, choices=names)
     s.add_argument("--model", help="model directory (default: the snapshot in the data dir's state.json)")
     if side.draft_option:
@@ -308,7 +311,8 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     s.set_defaults(func=cmd_serve, side=side)
     parsers["serve"] = s
 
-    p = subparsers.add_parser("plan", help="capacity plan: KV per token, pool, Mamba slots, memory fit")
+    p = subparsers.add_parser("plan", help="capacity plan: KV per token, pool, Mamba slots, memory fit",
+                              allow_abbrev=False)
     p.add_argument("--profile", required=True, choices=names, help="take flag values from this profile")
     p.add_argument("--model", required=True, help="model directory or its config.json")
     p.add_argument("--draft", help="draft directory (its weights count when computing the memory fit)")
@@ -331,7 +335,7 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     parsers["plan"] = p
 
     add_args, _, what = SERVICES[side.service]
-    v = subparsers.add_parser("service", help=what)
+    v = subparsers.add_parser("service", help=what, allow_abbrev=False)
     v.add_argument("--profile", required=True, choices=names)
     v.add_argument("--model", required=True, help="model directory")
     v.add_argument("--served-name", action="append", help="served model name alias (repeatable on vLLM)")
@@ -343,15 +347,19 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     parsers["service"] = v
 
     if side.update_model:
-        u = subparsers.add_parser("update-model", help="download, verify and switch to a prepared snapshot")
+        u = subparsers.add_parser("update-model", help="download, verify and switch to a prepared snapshot",
+                                  allow_abbrev=False)
         u.add_argument("--repo", default=DEFAULT_MODEL_REPO)
-        u.add_argument("--revision", required=True, help="commit, tag or branch (the commit is what gets pinned)")
+        u.add_argument("--revision", default=DEFAULT_MODEL_REVISION,
+                       help="commit, tag or branch; the commit it resolves to is what state.json pins "
+                            f"(default: {DEFAULT_MODEL_REVISION}, i.e. update to the newest, as write-up 000 step 2)")
         u.add_argument("--data-dir")
         u.add_argument("-q", "--quiet", action="store_true")
         u.set_defaults(func=cmd_update_model, side=side)
         parsers["update-model"] = u
 
-    val = subparsers.add_parser("validate", help="run the validation suites against a running server")
+    val = subparsers.add_parser("validate", help="run the validation suites against a running server",
+                                allow_abbrev=False)
     val.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     val.add_argument("--model", required=True, help="served model name")
     val.add_argument("--suite", action="append", help="needle,truncation,soak,matrix,canary (default: all)")

@@ -281,16 +281,17 @@ def add_model_view_commands(subparsers) -> dict[str, argparse.ArgumentParser]:
     """Add ``build-view`` and ``check-view`` to an argparse ``subparsers`` object
     (``set_defaults(func=handler)``, ``handler(args) -> int``); returns the parsers by name."""
     b = subparsers.add_parser(
-        "build-view", help="combine a dense snapshot and a prepared SSD-stream snapshot into a serving directory",
+        "build-view", allow_abbrev=False,
+        help="combine a dense snapshot and a prepared SSD-stream snapshot into a serving directory",
         description="Link the dense snapshot's config and shards, the prepared snapshot's expert shards, MTP, "
         "PLE sidecar and scale; copy ssd-stream.json; rewrite the index without PLE shard mappings "
         "(original kept as " + BACKUP_NAME + "); then check completeness. Idempotent.")
     b.add_argument("--dense", required=True, help="snapshot with config.json, the index and the dense shards")
     b.add_argument("--prepared", required=True, help="prepared SSD-stream snapshot (ssd-stream.json, ple/, experts, mtp/)")
-    b.add_argument("-o", "--output", required=True, help="view directory to create or refresh")
+    b.add_argument("-o", "--out", "--output", dest="output", required=True, help="view directory to create or refresh")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
     b.set_defaults(func=cmd_build_view)
-    c = subparsers.add_parser("check-view", help="check that a model view is complete",
+    c = subparsers.add_parser("check-view", allow_abbrev=False, help="check that a model view is complete",
                               description="No dangling links, every indexed shard present, required files present.")
     c.add_argument("view", help="the view directory")
     c.add_argument("--json", action="store_true", help="print the report as JSON")

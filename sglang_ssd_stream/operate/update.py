@@ -158,7 +158,7 @@ def fetch(repo: str, revision: str, cache_dir: Path, *, progress: bool) -> Path:
 
 def update_model(data_dir: str | os.PathLike, repo: str, revision: str, *, progress: bool = True) -> UpdateResult:
     if not revision:
-        raise ModelUpdateError("an explicit --revision is required (a commit, tag or branch to pin)")
+        raise ModelUpdateError("an empty revision names nothing; pass a commit, tag or branch (default: main)")
     data_dir = Path(data_dir)
     state = read_state(data_dir)
     cache_dir = data_dir / "huggingface" / "hub"

@@ -87,8 +87,8 @@ def test_missing_required_file_refused(tmp_path):
         update_model(data, REPO, "main", progress=False)
 
 
-def test_revision_required_and_bad_state(tmp_path):
-    with pytest.raises(ModelUpdateError, match="explicit --revision"):
+def test_empty_revision_and_bad_state(tmp_path):
+    with pytest.raises(ModelUpdateError, match="empty revision names nothing"):
         update_model(tmp_path, REPO, "")
     (tmp_path / "state.json").write_text("{]")
     with pytest.raises(ModelUpdateError, match="state.json is unreadable"):
@@ -112,3 +112,20 @@ def test_update_command_output(tmp_path, capsys):
     assert capsys.readouterr().out.startswith(f"Model updated: (none) -> {C1}\n")
     assert args.func(args) == 0
     assert capsys.readouterr().out == f"Model is current: {REPO}@{C1}\n"
+
+
+def test_update_command_in_the_thor_recipes_form(tmp_path, capsys):
+    """Write-up 000 step 2 runs `update-model --data-dir DIR`: no --revision, so the branch head (main) is
+    resolved to its commit and pinned (issue 17 item 7: that form exited 64)."""
+    from sglang_ssd_stream.cli import main
+
+    data = tmp_path / "data"
+    repo = data / "huggingface" / "hub" / "models--garnermccloud--Qwen3.8-Flash-Next-NVFP4-SSD-Stream"
+    write_model(repo / "snapshots" / C1)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(C1)
+    assert main(["update-model", "--data-dir", str(data), "-q"]) == 0
+    assert capsys.readouterr().out.startswith(f"Model updated: (none) -> {C1}\n")
+    st = read_state(data)
+    assert (st["model_repo"], st["model_revision"], st["requested_revision"]) == (
+        "garnermccloud/Qwen3.8-Flash-Next-NVFP4-SSD-Stream", C1, "main")

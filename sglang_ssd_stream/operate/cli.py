@@ -99,11 +99,9 @@ def cmd_plan(args) -> int:
         v = getattr(args, key, None)
         if v is not None:
             d[key] = v
-    weights = args.weights_gib
+    weights, weights_line = args.weights_gib, None
     if args.device_memory_gib is not None and weights is None:
-        weights = weights_bytes(args.model) / (1 << 30)
-        if args.draft:
-            weights += weights_bytes(args.draft) / (1 << 30)
+        weights, weights_line = _plan_weights(args, d["draft_steps"])
     mem = {} if args.device_memory_gib is None else {"device_memory_gib": args.device_memory_gib,
                                                      "mem_fraction": d["mem_fraction"], "weights_gib": weights}
     d.pop("mem_fraction")
@@ -113,10 +111,33 @@ def cmd_plan(args) -> int:
         doc["sessions"] = {str(n): sessions_of(p, n) for n in args.sessions or ()}
         print(json.dumps(doc, indent=2))
         return EXIT_OK
+    if weights_line:
+        print(weights_line)
     print(render(p))
     for n in args.sessions or ():
         print(f"sessions of {n:,} tokens at once: {sessions_of(p, n)}")
     return EXIT_OK
+
+
+def _plan_weights(args, draft_steps: int) -> tuple[float, str]:
+    """Resident weights (GiB) read from the indexes: the model's, plus the MTP draft's when the plan drafts
+    and the engine loads the draft from its own directory (SGLang's NEXTN; vLLM's MTP layers live in the
+    checkpoint's own index). Write-up 000 counts 8.08 GB of MTP weights beside 77.97 GB of the model."""
+    from .capacity import GIB, weights_bytes
+    from .errors import PlanRefused
+
+    model = weights_bytes(args.model)
+    if not draft_steps or not args.side.draft_option:
+        why = "no speculative decoding" if not draft_steps else "MTP layers are in the model's own index"
+        return model / GIB, f"weights: model {model / GIB:.2f} GiB ({why})"
+    draft = args.draft or os.path.join(args.model, "mtp")
+    if not os.path.isdir(draft):
+        raise PlanRefused(f"the plan drafts {draft_steps} tokens with the MTP model, whose weights take memory too, "
+                          f"but {draft} does not exist; pass --draft DIR (the prepared snapshot's mtp/), or "
+                          f"--weights-gib for the total")
+    extra = weights_bytes(draft)
+    return (model + extra) / GIB, (f"weights: model {model / GIB:.2f} GiB + MTP draft {extra / GIB:.2f} GiB "
+                                   f"({draft}) = {(model + extra) / GIB:.2f} GiB")
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -315,7 +336,8 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
                               allow_abbrev=False)
     p.add_argument("--profile", required=True, choices=names, help="take flag values from this profile")
     p.add_argument("--model", required=True, help="model directory or its config.json")
-    p.add_argument("--draft", help="draft directory (its weights count when computing the memory fit)")
+    p.add_argument("--draft", help="MTP draft directory; its weights count in the memory fit when the profile drafts "
+                   "(default: <model>/mtp)")
     p.add_argument("--context-length", type=int)
     p.add_argument("--max-total-tokens", type=int, dest="pool_tokens")
     p.add_argument("--max-running-requests", type=int, dest="running")

@@ -234,3 +234,59 @@ def test_plan_vllm_profile(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert (doc["running"], doc["draft_steps"], doc["target_kv_dtype"]) == (8, 3, "bfloat16")
     assert round(doc["sharing"]["full_windows_exact"], 2) == 11.28
+
+
+def test_plan_counts_the_mtp_draft_weights_when_the_profile_drafts(tmp_path, capsys):
+    """Issue 17 item 3: the README's `plan --profile thor --model M --device-memory-gib 122.86` left the
+    MTP draft (8.08 GB in write-up 000) out of the weights unless --draft was given."""
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+
+    m = write_model(tmp_path / "m", shards={"model-00001.safetensors": 3 << 20})  # mtp/ holds 500 B
+    (m / "mtp" / "mtp.safetensors").write_bytes(b"\0" * (1 << 20))
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
+
+    def headroom(*extra):
+        args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--device-memory-gib", "16", *extra])
+        assert args.func(args) == 0
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.startswith("memory: "))
+        return out.splitlines()[0], float(line.split("headroom ")[1].split(" GiB")[0]), line
+
+    first, with_draft, line = headroom()
+    assert first == f"weights: model 0.00 GiB + MTP draft 0.00 GiB ({m}/mtp) = 0.00 GiB"
+    assert "- 0.00 GiB weights" in line
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--device-memory-gib", "16", "--json"])
+    args.func(args)
+    assert json.loads(capsys.readouterr().out)["memory"]["weights_gib"] * GIB == (3 << 20) + (1 << 20)
+    # no drafting: the draft is not loaded, so it does not count
+    first, without, _ = headroom("--speculative-num-steps", "0", "--max-mamba-cache-size", "4")
+    assert first == "weights: model 0.00 GiB (no speculative decoding)"
+    # an explicit --draft elsewhere counts that directory
+    other = tmp_path / "draft"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"\0" * (2 << 20))
+    first, _, _ = headroom("--draft", str(other))
+    assert first.endswith(f"({other}) = 0.00 GiB")
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--device-memory-gib", "16", "--json",
+                         "--draft", str(other)])
+    args.func(args)
+    assert json.loads(capsys.readouterr().out)["memory"]["weights_gib"] * GIB == (3 << 20) + (2 << 20)
+
+
+def test_plan_without_a_draft_directory_is_refused_not_undercounted(tmp_path):
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+
+    m = write_model(tmp_path / "m", draft=False)
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--device-memory-gib", "16"])
+    with pytest.raises(PlanRefused, match=r"drafts 3 tokens with the MTP model.*/mtp does not exist; pass --draft"):
+        args.func(args)
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--device-memory-gib", "16",
+                         "--weights-gib", "1"])
+    assert args.func(args) == 0

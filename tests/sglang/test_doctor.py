@@ -153,6 +153,29 @@ def test_memory_need_from_a_model_dir(tmp_path):
     assert need is None and "num_hidden_layers" in error
 
 
+def test_memory_need_counts_the_draft_model_when_the_launch_drafts(tmp_path):
+    """Issue 17 item 3: NEXTN loads the MTP model from --speculative-draft-model-path; its weights count."""
+    from sglang_ssd_stream.operate.capacity import kv_bytes_per_token
+
+    config = {"num_hidden_layers": 4, "layer_types": ["full_attention"] * 4, "num_key_value_heads": 2,
+              "head_dim": 256, "mtp_num_hidden_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": config}))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * (1 << 20))
+    draft = tmp_path / "mtp"
+    draft.mkdir()
+    (draft / "model.safetensors").write_bytes(b"\0" * (3 << 20))
+    pool = ["--context-length", "1024", "--max-total-tokens", "4096"]
+    spec = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--max-mamba-cache-size", "4",
+            "--speculative-draft-model-path", str(draft)]
+    need, error = doctor.memory_need(str(tmp_path), pool + spec)
+    kv = 4096 * (kv_bytes_per_token(4, 2, 256, "bfloat16") + kv_bytes_per_token(1, 2, 256, "bfloat16"))
+    assert error is None and need == (1 << 20) + (3 << 20) + kv
+    need, _ = doctor.memory_need(str(tmp_path), pool + ["--speculative-draft-model-path", str(draft)])
+    assert need == (1 << 20) + 4096 * kv_bytes_per_token(4, 2, 256, "bfloat16")  # not drafting: not loaded
+    need, error = doctor.memory_need(str(tmp_path), pool + spec[:-1] + [str(tmp_path / "absent")])
+    assert need is None and "absent" in error
+
+
 # ----------------------------------------------------------------------------- host
 
 

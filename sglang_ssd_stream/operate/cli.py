@@ -43,6 +43,7 @@ def _resolve_model(args) -> tuple[str, str | None]:
 
 
 def cmd_serve(args, exec_fn=None) -> int:
+    from .host import cpu_budget
     from .launch import build_launch
     from .preflight import preflight
     from .profiles import get_profile
@@ -51,7 +52,9 @@ def cmd_serve(args, exec_fn=None) -> int:
     model, draft = _resolve_model(args)
     launch = build_launch(profile, args.side, model=model, draft=draft if profile.needs_draft else None, host=args.host,
                           port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
-                          allow_unauthenticated=args.allow_unauthenticated, extra=args.extra)
+                          allow_unauthenticated=args.allow_unauthenticated, extra=args.extra, cpu=cpu_budget())
+    for note in launch.notes:
+        print(f"serve: sized {note}", file=sys.stderr)
     if args.dry_run:  # the command and the whole verdict, on any machine; a report, not a refusal
         from .preflight import findings_for, report_lines
 

@@ -21,7 +21,8 @@ OWNED_FLAGS = frozenset({"--host", "--port", "--api-key", "--served-model-name",
 class Launch:
     argv: list[str]
     env: dict[str, str]  # the complete environment for exec
-    profile_env: dict[str, str]  # what the profile set (shown by --dry-run)
+    profile_env: dict[str, str]  # shown by --dry-run: inherited variables the side names, profile's, sized
+    notes: tuple[str, ...] = ()  # why serve sized what it sized (printed on stderr)
 
     def shell(self) -> str:
         """The command as one shell line, API key masked."""
@@ -104,7 +105,11 @@ def _fill(value: str | None, model: str, draft: str | None) -> str | None:
 def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str | None = None, host: str = "127.0.0.1",
                  port: int | None = None, api_key: str | None = None, served_names: tuple[str, ...] = (),
                  allow_unauthenticated: bool = False, extra: list[str] | tuple[str, ...] = (),
-                 python: str = sys.executable, base_env: dict | None = None) -> Launch:
+                 python: str = sys.executable, base_env: dict | None = None, cpu=None) -> Launch:
+    """The command line and environment of ``profile`` on ``side``.
+
+    ``cpu`` (an :class:`~.host.CpuBudget`) sizes the side's reader-thread variables that the operator did
+    not export; None leaves them as the profile and the engine have them."""
     check_exposure(host, api_key, allow_unauthenticated)
     extra = list(extra)
     if extra[:1] == ["--"]:
@@ -122,7 +127,15 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
         if bad in env.get(var, ""):
             raise ServeRefused(f"{var}={env[var]} breaks PLE CUDA IPC (pidfd_getfd: Operation not permitted); "
                                f"unset it")
+    shown = {k: v for k, v in env.items() if side.shown_env and k.startswith(side.shown_env) and k not in profile.env}
+    explicit = set(env)  # what the operator exported stays as set (the doctor warns on it)
     env.update(profile.env)
+    sized, notes = {}, []
+    if cpu is not None and side.thread_knobs:
+        from .host import size_threads
+
+        sized, notes = size_threads(env, dict(side.thread_knobs), cpu, explicit)
+        env.update(sized)
 
     argv = side.engine_argv(python)
     for flag, value in args:
@@ -136,4 +149,4 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
     if names:
         argv += ["--served-model-name", *names]
     argv += extra
-    return Launch(argv=argv, env=env, profile_env=dict(profile.env))
+    return Launch(argv=argv, env=env, profile_env={**shown, **profile.env, **sized}, notes=tuple(notes))

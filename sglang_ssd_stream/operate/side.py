@@ -28,6 +28,10 @@ class EngineSide:
     draft_option: bool = False  # serve/service take --draft (a separate MTP directory)
     update_model: bool = False  # the prepared-snapshot updater (write-up 000) applies
     install_hint: str = ""  # how to get the engine into the runtime when it is missing
+    # Reader-thread variables serve sizes to the CPU budget (operate/host.py): (variable, the engine's default
+    # when unset, or None when the knob only applies where the launch sets it).
+    thread_knobs: tuple[tuple[str, int | None], ...] = ()
+    shown_env: tuple[str, ...] = ()  # prefixes of inherited variables the printed command shows (they act)
 
     def engine_argv(self, python: str) -> list[str]:
         return self.launcher(python)

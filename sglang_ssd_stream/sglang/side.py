@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..operate.side import EngineSide, python_module
+from .config import DEFAULT_WORKERS, WORKERS_ENV
 
 
 def _preflight(**launch) -> list:
@@ -22,4 +23,5 @@ SIDE = EngineSide(
     draft_option=True,
     update_model=True,
     install_hint="./install.sh --engine sglang",
+    thread_knobs=((WORKERS_ENV, DEFAULT_WORKERS),),  # the PLE sidecar's reader pool (mmap and pread)
 )

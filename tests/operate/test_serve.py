@@ -314,3 +314,33 @@ def test_dry_run_reports_a_doctor_that_cannot_run(tmp_path, capsys, monkeypatch)
     args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
     with pytest.raises(EnvironmentProblem):
         args.func(args, exec_fn=lambda *a: pytest.fail("exec"))
+
+
+def test_serve_sizes_reader_threads_to_the_cgroup_quota(tmp_path, monkeypatch, capsys):
+    """Write-up 004: a pool sized past a 16-CPU quota was throttled for 2,242 s; serve sizes the sidecar's
+    reader pool to the quota, says why, and leaves a value the operator exported alone."""
+    from sglang_ssd_stream.operate import host
+
+    monkeypatch.setattr(host, "cpu_budget", lambda **kw: host.CpuBudget(affinity=76, quota_cpus=16.0, source="cpu.max"))
+    monkeypatch.delenv("SGLANG_SSD_STREAM_READ_WORKERS", raising=False)
+    model = write_model(tmp_path / "model")
+    calls = []
+    args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model)])
+    args.func(args, exec_fn=lambda f, argv, env: calls.append(env))
+    assert calls[0]["SGLANG_SSD_STREAM_READ_WORKERS"] == "12"
+    assert "serve: sized SGLANG_SSD_STREAM_READ_WORKERS=12 (was 16): the cgroup quota allows 16 CPUs" in \
+        capsys.readouterr().err
+    dry = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--dry-run"])
+    dry.func(dry)
+    assert " SGLANG_SSD_STREAM_READ_WORKERS=12 " in capsys.readouterr().out.splitlines()[0]
+
+    monkeypatch.setenv("SGLANG_SSD_STREAM_READ_WORKERS", "40")
+    calls.clear()
+    args.func(args, exec_fn=lambda f, argv, env: calls.append(env))
+    assert calls[0]["SGLANG_SSD_STREAM_READ_WORKERS"] == "40" and "sized" not in capsys.readouterr().err
+
+    monkeypatch.setattr(host, "cpu_budget", lambda **kw: host.CpuBudget(affinity=14, quota_cpus=None, source=""))
+    monkeypatch.delenv("SGLANG_SSD_STREAM_READ_WORKERS")
+    calls.clear()
+    args.func(args, exec_fn=lambda f, argv, env: calls.append(env))
+    assert "SGLANG_SSD_STREAM_READ_WORKERS" not in calls[0]  # 16 fits 14 CPUs x 2: the engine's default stays

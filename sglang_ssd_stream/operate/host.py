@@ -157,8 +157,9 @@ def thread_findings(values: Mapping[str, int], budget: CpuBudget) -> list[Findin
     out = []
     for var, n in values.items():
         if n > cap:
-            out.append(Finding(WARNING, "cpu_quota", f"{var}={n} reader threads on {budget.describe()}: more than "
-                               f"{cap}, because {why}", f"export {var}={cap} (serve sizes it when you leave it unset)"))
+            out.append(Finding(WARNING, "cpu_quota", f"{var}={n} reader threads, above the {cap} that "
+                               f"{budget.describe()} carries: {why}",
+                               f"export {var}={cap} (serve sizes it when you leave it unset)"))
         else:
             out.append(Finding(OK, "cpu_quota", f"{var}={n} within {cap} ({budget.describe()})"))
     return out
@@ -214,7 +215,7 @@ def tegra_finding(release: TegraRelease | None, verified: Mapping[tuple[int, int
         return Finding(OK, "l4t", f"L4T {release.name()}, as {verified[(release.major, release.minor)]}")
     return Finding(WARNING, "l4t", f"L4T {release.name()} is not a release the write-ups ran ({ran}); kernels and "
                    f"the unified-memory behaviour were measured there",
-                   "expect to re-measure (sglang-ssd-stream validate), or flash one of those releases")
+                   f"re-measure here (sglang-ssd-stream validate), or flash a release the write-ups ran: {ran}")
 
 
 # ----------------------------------------------------------------------------- disk

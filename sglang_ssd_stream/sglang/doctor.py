@@ -15,6 +15,11 @@ them. Refusals (level ``error``, exit 2):
 - no C or C++ compiler: the first start JIT-compiles kernels for the device (Triton launchers,
   sglang's tvm-ffi JIT, FlashInfer), which the Thor recipe gets from ``build-essential``.
 
+Host prerequisites (``operate/host.py``, shared with vLLM): on a Jetson the L4T release (before JetPack 7,
+R38, no Thor and no CUDA 13: refused; a release the write-ups did not run: warned); the PLE reader
+threads against the CPU budget (affinity and the cgroup's ``cpu.max``: write-up 004's throttling);
+free disk for the model and what the first start writes (write-up 000 asks for 180 GiB in all).
+
 Warnings: the PLE sidecar not on a local NVMe disk (rows are random 4 KiB reads); on SM110 an
 NVFP4 MoE left on ``--moe-runner-backend auto`` (patch 0004's header: sglang then picks
 flashinfer_trtllm, unverified on sm_110; the Thor profile passes flashinfer_cutlass); and, on an
@@ -34,7 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding, as_json, errors_of, exit_code, print_report, refusal_text
+from ..operate.host import CpuBudget, TegraRelease, cpu_budget, free_bytes, tegra_finding, tegra_release, thread_findings
 from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW, Verdict, verdict
 from ..sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
 from ..staging.native_read import C_COMPILERS
@@ -56,6 +63,8 @@ JOURNALD_FIX = ("sudo install -d -m 2755 /var/log/journal; write /etc/systemd/jo
                 "'[Journal]' 'Storage=persistent' 'SystemMaxUse=1G' 'SystemKeepFree=2G'; "
                 "sudo systemctl restart systemd-journald")
 NVME_FIX = "put the PLE sidecar on a local NVMe disk (copy the artifact, or point --model at a view on NVMe)"
+L4T_VERIFIED = {(38, 4): "write-up 000 (SGLang, JetPack 7.1)"}
+RECIPE_DISK_BYTES = 180 * GIB  # write-up 000: model files, PLE sidecar, runtime and compile caches on NVMe
 
 
 # ----------------------------------------------------------------------------- facts
@@ -86,6 +95,14 @@ class Request:
 
 
 @dataclass(frozen=True)
+class DiskSpace:
+    path: str  # where it will be written (its nearest existing ancestor is measured)
+    free_bytes: int
+    need_bytes: int
+    what: str
+
+
+@dataclass(frozen=True)
 class Facts:
     device: Device | None  # None: no CUDA device
     source: Verdict
@@ -96,6 +113,10 @@ class Facts:
     journald_persistent: bool | None  # None: no systemd-journald here
     sidecar_disks: tuple[Disk, ...] = ()
     request: Request = field(default_factory=Request)
+    tegra: TegraRelease | None = None  # /etc/nv_tegra_release (None: not a Jetson)
+    cpu: CpuBudget | None = None
+    read_workers: int | None = None  # the PLE reader pool in effect (SGLANG_SSD_STREAM_READ_WORKERS or default)
+    disk_space: tuple[DiskSpace, ...] = ()
 
 
 def _cuda_device() -> Device | None:
@@ -168,8 +189,35 @@ def _compiler(names: Iterable[str]) -> str | None:
     return None
 
 
+def _read_workers(env: Mapping[str, str]) -> int | None:
+    from .config import DEFAULT_WORKERS, WORKERS_ENV
+
+    try:
+        return int(env.get(WORKERS_ENV, DEFAULT_WORKERS))
+    except ValueError:
+        return None  # the plugin refuses a malformed value at start, naming it
+
+
+def disk_space(model: str | None, data_dir: str | os.PathLike | None, home: str | None,
+               model_bytes: int | None) -> tuple[DiskSpace, ...]:
+    """Free space where the first start writes (compile caches under $HOME), or, before any model is
+    there, where the recipe downloads it: write-up 000's 180 GiB, less what the model already holds."""
+    out = []
+    if model and model_bytes is not None and home:
+        need = max(RECIPE_DISK_BYTES - model_bytes, 0)
+        free, at = free_bytes(home)
+        out.append(DiskSpace(at, free, need, "the first start's compile caches and the runtime (write-up 000's "
+                             f"180 GiB less the model's {model_bytes / GIB:.0f} GiB)"))
+    elif not model and data_dir is not None:
+        free, at = free_bytes(data_dir)
+        out.append(DiskSpace(at, free, RECIPE_DISK_BYTES, "the model, its PLE sidecar, runtime and compile caches "
+                             "(write-up 000)"))
+    return tuple(out)
+
+
 def gather_facts(*, python: str | None = None, sidecar_paths: Iterable[str] = (),
-                 request: Request | None = None) -> Facts:
+                 request: Request | None = None, env: Mapping[str, str] | None = None,
+                 disks: tuple[DiskSpace, ...] = ()) -> Facts:
     """The facts of this machine (no CUDA device is a fact, not an error)."""
     mem = _meminfo()
     return Facts(
@@ -182,6 +230,10 @@ def gather_facts(*, python: str | None = None, sidecar_paths: Iterable[str] = ()
         journald_persistent=journald_persistent(),
         sidecar_disks=tuple(classify_disk(p) for p in sidecar_paths),
         request=request or Request(),
+        tegra=tegra_release(),
+        cpu=cpu_budget(),
+        read_workers=_read_workers(os.environ if env is None else env),
+        disk_space=disks,
     )
 
 
@@ -320,6 +372,33 @@ def check_unified_memory_host(facts: Facts) -> list[Finding]:
     return out
 
 
+def check_l4t(facts: Facts) -> Finding | None:
+    d = facts.device
+    jetson = d is not None and d.integrated and "thor" in d.name.lower()
+    return tegra_finding(facts.tegra, L4T_VERIFIED, expected=jetson)
+
+
+def check_reader_threads(facts: Facts) -> list[Finding]:
+    from .config import WORKERS_ENV
+
+    if facts.cpu is None or facts.read_workers is None:
+        return []
+    return thread_findings({WORKERS_ENV: facts.read_workers}, facts.cpu)
+
+
+def check_disk_space(facts: Facts) -> list[Finding]:
+    out = []
+    for d in facts.disk_space:
+        if d.free_bytes < d.need_bytes:
+            out.append(Finding(WARNING, "disk", f"{d.free_bytes / GIB:.1f} GiB free at {d.path}; {d.what} need "
+                               f"{d.need_bytes / GIB:.1f} GiB", "free space there, or move $HOME's caches / the "
+                               "data dir ($SGLANG_SSD_STREAM_HOME) to a larger local NVMe disk"))
+        else:
+            out.append(Finding(OK, "disk", f"{d.free_bytes / GIB:.1f} GiB free at {d.path} ({d.what}: "
+                               f"{d.need_bytes / GIB:.1f} GiB)"))
+    return out
+
+
 def run_checks(facts: Facts) -> list[Finding]:
     findings = facts.source.findings(allow_unpatched=facts.request.allow_unpatched)
     findings += [check_device(facts), check_compilers(facts)]
@@ -329,6 +408,10 @@ def run_checks(facts: Facts) -> list[Finding]:
             findings.append(found)
     findings += check_sidecar_disks(facts)
     findings += check_unified_memory_host(facts)
+    l4t = check_l4t(facts)
+    findings += [l4t] if l4t else []
+    findings += check_reader_threads(facts)
+    findings += check_disk_space(facts)
     return findings
 
 
@@ -402,13 +485,39 @@ def sidecar_paths(model: str | None, explicit: Iterable[str] = ()) -> list[str]:
 
 def diagnose(*, profile: str | None = None, model: str | None = None,
              draft: str | None = None, argv: Iterable[str] = (), env: Mapping[str, str] | None = None,
-             python: str | None = None, sidecars: Iterable[str] = ()) -> tuple[Facts, list[Finding]]:
+             python: str | None = None, sidecars: Iterable[str] = (),
+             data_dir: str | None = None) -> tuple[Facts, list[Finding]]:
     env = os.environ if env is None else env
     full = _profile_argv(profile, model, draft) + [str(a) for a in argv]
     need, plan_error = memory_need(model, full) if model else (None, None)
     request = request_from_argv(full, env, memory_need_bytes=need, memory_plan_error=plan_error)
-    facts = gather_facts(python=python, sidecar_paths=sidecar_paths(model, sidecars), request=request)
-    return facts, run_checks(facts)
+    sidecar_error, paths = None, []
+    try:
+        paths = sidecar_paths(model, sidecars)
+    except KitError as exc:  # a malformed ssd-stream.json: reported, not raised, so the report prints whole
+        sidecar_error = exc.message
+    facts = gather_facts(python=python, sidecar_paths=paths, request=request, env=env,
+                         disks=disk_space(model, data_dir, env.get("HOME"), _model_bytes(model, full)))
+    findings = run_checks(facts)
+    if sidecar_error:
+        findings.append(Finding(ERROR, "sidecar", sidecar_error, "rebuild or re-download the sidecar "
+                                "(sglang-ssd-stream model fetch verifies every file)"))
+    return facts, findings
+
+
+def _model_bytes(model: str | None, argv: list[str]) -> int | None:
+    """What the model's weights and sidecar already occupy (None when they cannot be read)."""
+    if not model:
+        return None
+    from ..operate.capacity import weights_bytes
+
+    try:
+        total = weights_bytes(model)
+        for path in sidecar_paths(model):
+            total += os.path.getsize(path)
+    except (KitError, OSError):
+        return None
+    return total
 
 
 def preflight(*, profile: str, model: str, draft: str | None, env: Mapping[str, str],
@@ -430,6 +539,8 @@ def add_doctor_command(subparsers) -> None:
     p.add_argument("--model", metavar="DIR", help="model view: sidecar location and memory need")
     p.add_argument("--draft", metavar="DIR", help="MTP draft directory (for the profile's flags)")
     p.add_argument("--sidecar", action="append", default=[], metavar="PATH", help="a sidecar file or folder to check")
+    p.add_argument("--data-dir", metavar="DIR", help="where `model fetch` will download (without --model: its free "
+                   "space is checked; default $SGLANG_SSD_STREAM_HOME)")
     p.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="-- then the sglang flags of the launch")
     p.set_defaults(func=run_doctor_command)
@@ -439,8 +550,10 @@ def run_doctor_command(args) -> int:
     extra = list(args.server_args or [])
     if extra[:1] == ["--"]:
         extra = extra[1:]
+    from ..paths import data_dir
+
     facts, findings = diagnose(profile=args.profile, model=args.model, draft=args.draft, argv=extra,
-                               python=args.python, sidecars=args.sidecar)
+                               python=args.python, sidecars=args.sidecar, data_dir=args.data_dir or str(data_dir()))
     if args.json:
         print(json.dumps(as_json(facts, findings), indent=2))
     else:

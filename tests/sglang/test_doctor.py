@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from sglang_ssd_stream.operate import host
 from sglang_ssd_stream.sglang import doctor
 from sglang_ssd_stream.patching.guard import Verdict
 from sglang_ssd_stream.sglang.doctor import ERROR, GIB, OK, WARNING, Device, Disk, Facts, Request, run_checks
@@ -23,12 +24,27 @@ def source(state: str, listing: str = "sglang/x.py=…") -> Verdict:
     return Verdict("sglang", state, "0.5.23", listing, files=7)
 
 
+_TMP = {}
+
+
+def _release_file(major: str, revision: str):
+    """A /etc/nv_tegra_release as L4T writes it (kept in a module temp dir for the parametrised cases)."""
+    import tempfile
+    from pathlib import Path
+
+    d = _TMP.setdefault("dir", Path(tempfile.mkdtemp(prefix="tegra-")))
+    f = d / f"{major}-{revision}"
+    f.write_text(f"# {major} (release), REVISION: {revision}, GCID: 1, BOARD: generic, EABI: aarch64, DATE: x\n")
+    return f
+
+
 def healthy(**changes) -> Facts:
     """A Thor set up as write-up 000 recommends."""
     base = Facts(device=THOR, source=source("patched"),
                  c_compiler="/usr/bin/cc", cxx_compiler="/usr/bin/c++", swap_bytes=16 * GIB, swappiness=10,
                  journald_persistent=True, sidecar_disks=(Disk("/nvme/ple.bin", "ext4", "nvme0n1", "nvme"),),
-                 request=Request(quantization="modelopt_fp4", moe_runner_backend="flashinfer_cutlass"))
+                 request=Request(quantization="modelopt_fp4", moe_runner_backend="flashinfer_cutlass"),
+                 tegra=host.tegra_release(_release_file("R38", "4.0")))
     return dataclasses.replace(base, **changes)
 
 
@@ -59,7 +75,10 @@ def test_every_refusal_and_warning_names_its_fix():
               healthy(request=request(moe_runner_backend=None)),
               healthy(device=H200, request=request(ple_offload_backend="file")),
               healthy(request=request(memory_need_bytes=500 * GIB)),
-              healthy(sidecar_disks=(Disk("/x", "nfs4", None, "network"),))]
+              healthy(sidecar_disks=(Disk("/x", "nfs4", None, "network"),)),
+              healthy(tegra=host.tegra_release(_release_file("R36", "4.3"))),
+              healthy(cpu=host.CpuBudget(76, 16.0, "cpu.max"), read_workers=16),
+              healthy(disk_space=(doctor.DiskSpace("/home", 10 * GIB, 29 * GIB, "caches"),))]
     seen = set()
     for facts in cases:
         for f in run_checks(facts):
@@ -67,7 +86,7 @@ def test_every_refusal_and_warning_names_its_fix():
                 assert f.fix, f.line()
                 seen.add(f.check)
     assert seen == {"source", "device", "compiler", "swap", "swappiness", "journald", "qsa_indexer_dtype",
-                    "moe_runner_backend", "ple_offload_backend", "memory", "sidecar_disk"}
+                    "moe_runner_backend", "ple_offload_backend", "memory", "sidecar_disk", "l4t", "cpu_quota", "disk"}
 
 
 # ----------------------------------------------------------------------------- source state
@@ -360,3 +379,54 @@ def test_preflight_seam_returns_the_launch_findings(monkeypatch):
     monkeypatch.setattr(doctor, "gather_facts", lambda **kw: healthy(request=kw["request"]))
     findings = doctor.preflight(profile="thor", model=None, draft=None, env={}, argv=["--qsa-indexer-dtype", "fp8_e4m3"])
     assert [f.check for f in findings if f.level == ERROR] == ["qsa_indexer_dtype"]
+
+
+# ----------------------------------------------------------------------------- host prerequisites (issue 17)
+
+
+@pytest.mark.parametrize("major, revision, level", [("R38", "4.0", OK), ("R39", "2.0", WARNING),
+                                                    ("R36", "4.3", ERROR)])
+def test_l4t_release_on_thor(major, revision, level):
+    found = only(run_checks(healthy(tegra=host.tegra_release(_release_file(major, revision)))), "l4t")
+    assert found.level == level
+    if level != OK:
+        assert "R38.4" in found.fix or "JetPack 7" in found.fix
+
+
+def test_l4t_missing_is_warned_on_thor_only():
+    assert only(run_checks(healthy(tegra=None)), "l4t").level == WARNING
+    assert not by_check(run_checks(healthy(device=H200, tegra=None)), "l4t")
+
+
+def test_reader_threads_against_the_cpu_quota():
+    """Write-up 004: a pool larger than the cgroup quota is throttled; 16 readers under a 16-CPU quota
+    are warned with the size serve would pick (12), and fit without a quota."""
+    warn = only(run_checks(healthy(cpu=host.CpuBudget(76, 16.0, "cpu.max"), read_workers=16)), "cpu_quota")
+    assert warn.level == WARNING and warn.fix.startswith("export SGLANG_SSD_STREAM_READ_WORKERS=12")
+    assert only(run_checks(healthy(cpu=host.CpuBudget(14, None, ""), read_workers=16)), "cpu_quota").level == OK
+
+
+def test_read_workers_from_the_launch_environment():
+    assert doctor._read_workers({}) == 16
+    assert doctor._read_workers({"SGLANG_SSD_STREAM_READ_WORKERS": "4"}) == 4
+    assert doctor._read_workers({"SGLANG_SSD_STREAM_READ_WORKERS": "x"}) is None
+
+
+def test_disk_space_for_the_recipe(tmp_path):
+    """Before a model exists the data dir needs the recipe's 180 GiB; with one, $HOME needs the rest."""
+    (before,) = doctor.disk_space(None, tmp_path / "data", str(tmp_path), None)
+    assert before.need_bytes == 180 * GIB and before.path == str(tmp_path)
+    (after,) = doctor.disk_space("/m", None, str(tmp_path), 151 * GIB)
+    assert after.need_bytes == 29 * GIB and "151 GiB" in after.what
+    assert doctor.disk_space("/m", None, str(tmp_path), None) == ()
+    short = only(run_checks(healthy(disk_space=(dataclasses.replace(after, free_bytes=GIB),))), "disk")
+    assert short.level == WARNING and "$SGLANG_SSD_STREAM_HOME" in short.fix
+    assert only(run_checks(healthy(disk_space=(dataclasses.replace(after, free_bytes=30 * GIB),))), "disk").level == OK
+
+
+def test_a_malformed_sidecar_manifest_is_a_finding_not_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "gather_facts", lambda **kw: healthy(request=kw["request"]))
+    (tmp_path / "ssd-stream.json").write_text("{not json")
+    _, findings = doctor.diagnose(model=str(tmp_path), env={})
+    found = only(findings, "sidecar")
+    assert found.level == ERROR and "model fetch" in found.fix

@@ -12,16 +12,21 @@ from . import commands
 from .engines import ENGINES
 from .state import PATCHED, PRISTINE
 from .target import from_python, from_site_packages
+from .transaction import Interrupted
 
 EXIT_CODES_HELP = """exit codes:
   0  success (verify: every file is patched)
-  1  verify: some file is pristine or not yet recovered
-  2  refused: unknown, missing or half-patched source state, or an unknown engine release
-  3  kit data invalid: corrupt diff or manifest, unsafe path
-  4  environment: engine not found, permission denied, I/O error
+  1  verify: some file is not patched
+  2  refused: unknown, missing, odd (FIFO, symlink, ...) or half-patched source state, an unknown engine
+     release, or a journal this kit did not write
+  3  kit data invalid: corrupt diff, series or manifest, unsafe path
+  4  environment: engine not found, permission denied, I/O error (the file and errno are named); a
+     failed apply/revert was rolled back. Also: an interrupted change could not be rolled back yet
+     (status/verify report it; `patch status` with write access finishes it once the fault is gone)
   5  another installer holds the lock
  64  usage error
-Refusals (2-5) change nothing."""
+130/143  interrupted by SIGINT/SIGTERM: rolled back
+Refusals (2, 3, 5) change nothing; 4, 130 and 143 leave every file as it was."""
 
 
 def add_patch_commands(subparsers, engine_name: str) -> None:
@@ -44,6 +49,9 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
         where.add_argument("--python", metavar="PATH", help=f"patch the {engine.name} that this interpreter imports")
         where.add_argument("--site-packages", metavar="DIR", help=f"patch the {engine.name} installed in DIR")
         p.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+        if verb in ("status", "verify"):
+            p.add_argument("--deep", action="store_true",
+                           help="also hash every file the engine's RECORD lists against it (slow)")
         if verb in ("apply", "revert"):
             p.add_argument("--dry-run", action="store_true", help="check and show what would change; write nothing")
         p.add_argument("--data-dir", metavar="DIR", help=argparse.SUPPRESS)  # maintainers/tests: other hashes/
@@ -74,7 +82,10 @@ def run_drift_command(args, engine_name: str) -> int:
     engine = ENGINES[engine_name]
     root = Path(args.data_dir) if args.data_dir else None
     try:
-        manifest = next((m for m in known_manifests(engine, root) if m.release == engine.pinned), None)
+        broken: dict = {}
+        manifest = next((m for m in known_manifests(engine, root, broken=broken) if m.release == engine.pinned), None)
+        if f"{engine.name}-{engine.pinned}.json" in broken:
+            raise broken[f"{engine.name}-{engine.pinned}.json"]
         if manifest is None:
             print(f"{engine.name}: no manifest for the pinned release {engine.pinned}", file=sys.stderr)
             return 3
@@ -107,14 +118,20 @@ def run_patch_command(args, engine_name: str) -> int:
         target = (from_site_packages(engine, args.site_packages) if args.site_packages
                   else from_python(engine, args.python))
         if args.verb == "status":
-            report = commands.status(target, root)
+            report = commands.status(target, root, provenance=True, deep=args.deep)
         elif args.verb == "verify":
-            report = commands.verify(target, root)
+            report = commands.verify(target, root, provenance=True, deep=args.deep)
         elif args.verb == "apply":
             report = commands.apply(target, root, dry_run=args.dry_run)
         else:
             report = commands.revert(target, root, dry_run=args.dry_run)
-    except KitError as exc:
+    except KeyboardInterrupt:  # before any write (inside a transaction the signal is handled there)
+        exc = Interrupted("interrupted by SIGINT before anything was written; nothing was changed")
+    except KitError as exc_:
+        exc = exc_
+    else:
+        exc = None
+    if exc is not None:
         if args.json:
             print(json.dumps({"command": args.verb, "engine": engine.name, "error": type(exc).__name__,
                               "message": exc.message, "exit_code": exc.exit_code}, indent=1))
@@ -129,16 +146,30 @@ def run_patch_command(args, engine_name: str) -> int:
 
 def render(report: commands.Report) -> None:
     m = report.manifest
-    print(f"{report.target.describe()}; manifest {m.source.name}; patches: {', '.join(p.id for p in m.patches)}")
+    print(f"{report.target.describe()}; manifest {m.source.name}; patches (series order): "
+          f"{', '.join(p.id for p in m.patches)}")
+    for pid, status in report.upstream.items():
+        print(f"  upstream    {pid}: {status}")
+    if report.wheel is not None:
+        print(f"  wheel       {report.wheel.message}")
     for path in report.recovered:
         print(f"  recovered   {path} (an interrupted transaction was rolled back to pristine)")
     if report.pending_recovery:
-        print("  an interrupted transaction is pending; run `patch apply` or `patch revert` with write access")
+        print(f"  NOT RECOVERED: an interrupted transaction is pending and could not be rolled back: "
+              f"{report.pending_reason}\n  Once the fault is gone, run `{m.engine.tool} patch status` with write "
+              f"access; until then every file below may be mixed and the engine must not be used.")
     width = max(len(f.entry.path) for f in report.files)
     for f in report.files:
-        extra = f"  ({', '.join(f.matches)})" if f.matches else ""
+        extra = f"  ({', '.join(f.matches)})" if f.matches else f"  ({f.detail})" if f.detail else ""
         sha = f.sha256 or "-"
         print(f"  {f.state:<9} {f.entry.path:<{width}}  {sha}{extra}")
+    if report.record_mismatches is not None:
+        if report.record_mismatches:
+            print(f"  RECORD: {len(report.record_mismatches)} file(s) differ from the engine's RECORD:")
+            for line in report.record_mismatches[:20]:
+                print(f"    {line}")
+        else:
+            print("  RECORD: every other file matches the engine's RECORD")
     prefix = "would " if report.dry_run else ""
     for action in report.actions:
         print(f"  {prefix}{action}")
@@ -146,8 +177,12 @@ def render(report: commands.Report) -> None:
         states = {f.state for f in report.files}
         if report.exit_code == EXIT_OK:
             print("verified: every file is patched")
+        elif report.pending_recovery:
+            print("NOT VERIFIED: an interrupted transaction is pending")
         elif states == {PRISTINE}:
             print("not patched: every file is pristine (run `patch apply`)")
         else:
             print("NOT VERIFIED: " + ", ".join(f"{f.entry.path} is {f.state}" for f in report.files
-                                               if f.state != PATCHED))
+                                               if f.state != PATCHED)
+                  + (f"; {len(report.record_mismatches)} file(s) differ from RECORD" if report.record_mismatches
+                     else ""))

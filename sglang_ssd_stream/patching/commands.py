@@ -1,17 +1,23 @@
-"""status / verify / apply / revert over one engine install, as data (the CLI renders it)."""
+"""status / verify / apply / revert over one engine install, as data (the CLI renders it).
+
+Refusals are decided before anything is created: apply and revert first plan from a read-only
+survey (no lock, no state directory), and only a plan with writes takes the lock, re-surveys
+under it and commits through the Transaction (which rolls back on any fault or signal).
+"""
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import (EXIT_NOT_VERIFIED, EXIT_OK, BadKitData, EnvironmentProblem, RefusedSourceState,
-                      UnsupportedRelease)
-from .diff import apply_file, load_patch
+from ..errors import (EXIT_ENVIRONMENT, EXIT_NOT_VERIFIED, EXIT_OK, BadKitData, EnvironmentProblem,
+                      RefusedSourceState, UnsupportedRelease)
+from .diff import apply_file, load_patch, upstream_status
 from .manifest import Manifest, known_manifests
-from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, FileState, sha256_bytes, survey, writable_problems
+from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, FileState, sha256_bytes, survey
 from .target import Target
-from .transaction import Transaction, Write
+from .transaction import StateView, Transaction, Write
 
 
 @dataclass
@@ -23,8 +29,12 @@ class Report:
     actions: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
     pending_recovery: bool = False
+    pending_reason: str = ""
     dry_run: bool = False
     exit_code: int = EXIT_OK
+    upstream: dict[str, str] = field(default_factory=dict)  # patch id -> status, from its DEP-3 header
+    wheel: object = None  # wheels.WheelOrigin (status/verify from the CLI)
+    record_mismatches: list[str] | None = None  # --deep
 
     def as_json(self) -> dict:
         return {
@@ -34,18 +44,26 @@ class Report:
             "installed_release": self.target.release,
             "manifest_release": self.manifest.release if self.manifest else None,
             "patches": [p.id for p in self.manifest.patches] if self.manifest else [],
+            "upstream": self.upstream,
             "files": [f.as_json() for f in self.files],
             "actions": self.actions,
             "recovered": self.recovered,
             "pending_recovery": self.pending_recovery,
+            "pending_reason": self.pending_reason,
+            "wheel": self.wheel.as_json() if self.wheel is not None else None,
+            "record_mismatches": self.record_mismatches,
             "dry_run": self.dry_run,
             "exit_code": self.exit_code,
         }
 
 
 def select_manifest(target: Target, root: Path | None = None) -> tuple[Manifest, list[Manifest]]:
-    """The manifest of the installed release, refusing a release we do not know."""
-    manifests = known_manifests(target.engine, root)
+    """The manifest of the installed release, refusing a release we do not know.
+
+    A manifest that does not load breaks only its own release (exit 3 there); the others still serve.
+    """
+    broken: dict[str, BadKitData] = {}
+    manifests = known_manifests(target.engine, root, broken=broken)
     releases = [m.release for m in manifests]
     if target.release is None:
         raise UnsupportedRelease(
@@ -54,6 +72,9 @@ def select_manifest(target: Target, root: Path | None = None) -> tuple[Manifest,
     for m in manifests:
         if m.release == target.release:
             return m, manifests
+    own = broken.get(f"{target.engine.name}-{target.release}.json")
+    if own is not None:
+        raise own
     raise UnsupportedRelease(
         f"{target.engine.name} {target.release} is installed in {target.site_packages}, which this kit does not "
         f"know; known releases: {', '.join(releases) or 'none'}. Nothing was changed.")
@@ -67,7 +88,8 @@ def _refusal(fs: FileState, manifests: list[Manifest]) -> str:
         except KeyError:
             continue
         known.append(f"{m.release}={e.pristine}/{e.patched}")
-    found = "is missing" if fs.state == MISSING else f"has SHA-256 {fs.sha256}"
+    found = ("is missing" if fs.state == MISSING else f"{fs.detail} (an engine file is a plain regular file)"
+             if fs.detail else f"has SHA-256 {fs.sha256}")
     hint = f" (it matches {', '.join(fs.matches)})" if fs.matches else ""
     engine = manifests[0].engine.name
     return (f"Refusing to patch an unknown {engine} source state: {fs.entry.path} {found}{hint}; "
@@ -103,53 +125,87 @@ def _check_diff_coverage(manifest: Manifest) -> None:
             raise BadKitData(f"patch {patch.id} touches {sorted(extra)}, which {manifest.source.name} does not list")
 
 
-def status(target: Target, root: Path | None = None, command: str = "status") -> Report:
+def upstream_of(manifest: Manifest) -> dict[str, str]:
+    return {p.id: upstream_status(load_patch(p.diff, p.id).header) for p in manifest.patches}
+
+
+def status(target: Target, root: Path | None = None, command: str = "status", *,
+           provenance: bool = False, deep: bool = False) -> Report:
+    """Per-file states. A pending journal (or leftovers of ours) is recovered when we can take the lock;
+    when the recovery cannot finish (a lasting fault, no write access) the report says so, exit 4."""
     manifest, manifests = select_manifest(target, root)
     report = Report(command, target, manifest)
-    txn = Transaction(target.site_packages, target.engine.name)
-    if txn.journal.exists():
+    with StateView(target.site_packages, manifest) as view:
+        journal = view.journal_exists()
+        leftovers = bool(view.leftovers())
+    if journal or leftovers:
         try:
-            with txn:
+            with Transaction(target.site_packages, manifest) as txn:
                 report.recovered = txn.recover()
-        except EnvironmentProblem:
-            report.pending_recovery = True  # read-only: report the mixed state as it is
+                report.actions += txn.warnings
+        except (EnvironmentProblem, OSError) as exc:
+            if journal:
+                report.pending_recovery = True
+                report.pending_reason = getattr(exc, "message", None) or str(exc)
+                report.exit_code = EXIT_ENVIRONMENT
     report.files = survey(manifest, target.site_packages, manifests)
+    if provenance:
+        from .wheels import check_record_files, installed_origin
+
+        report.upstream = upstream_of(manifest)
+        report.wheel = installed_origin(target.site_packages, manifest)
+        if deep and report.wheel.rows:
+            report.record_mismatches = check_record_files(
+                target.site_packages, report.wheel, {f.entry.path for f in report.files if f.state == PATCHED})
     return report
 
 
-def verify(target: Target, root: Path | None = None) -> Report:
-    report = status(target, root, command="verify")
-    if report.pending_recovery or any(f.state != PATCHED for f in report.files):
+def verify(target: Target, root: Path | None = None, **kw) -> Report:
+    report = status(target, root, command="verify", **kw)
+    if report.pending_recovery:
+        report.exit_code = EXIT_ENVIRONMENT
+    elif any(f.state != PATCHED for f in report.files) or report.record_mismatches:
         report.exit_code = EXIT_NOT_VERIFIED
     return report
+
+
+def _write(f: FileState, after: str, data: bytes) -> Write:
+    st = f.stat
+    return Write(f.entry.path, f.sha256, after, f.entry.pristine, data, f.data, stat.S_IMODE(st.st_mode),
+                 st.st_uid, st.st_gid)
+
+
+def _pending(target: Target, manifest: Manifest) -> bool:
+    with StateView(target.site_packages, manifest) as view:
+        return view.journal_exists() or bool(view.leftovers())
 
 
 def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Report:
     manifest, manifests = select_manifest(target, root)
     _check_diff_coverage(manifest)
     report = Report("apply", target, manifest, dry_run=dry_run)
-    if dry_run:
-        files = survey(manifest, target.site_packages, manifests)
-        _plan_apply(report, manifest, manifests, files, None)
-        report.files = files
-        return report
-    with Transaction(target.site_packages, target.engine.name) as txn:
+    pending = _pending(target, manifest)
+    files = survey(manifest, target.site_packages, manifests)
+    if dry_run or not pending:
+        writes = _plan_apply(report, manifest, manifests, files)  # refusals here create nothing
+        if dry_run or not writes:
+            report.files = files
+            return report
+    with Transaction(target.site_packages, manifest, create=True) as txn:
         report.recovered = txn.recover()
+        report.actions = []
         files = survey(manifest, target.site_packages, manifests)
-        writes = _plan_apply(report, manifest, manifests, files, txn)
-        if writes:
-            for w in writes:
-                txn.store_backup(w.original, like=w.path)
-            txn.commit(writes, "apply")
-        report.files = survey(manifest, target.site_packages, manifests)
+        writes = _plan_apply(report, manifest, manifests, files)
+        txn.commit(writes, "apply")
+        report.actions += txn.warnings
+    report.files = survey(manifest, target.site_packages, manifests)
     if any(f.state != PATCHED for f in report.files):
         raise RefusedSourceState("apply finished but not every file verifies as patched: "
                                  + ", ".join(f"{f.entry.path}={f.state}" for f in report.files))
     return report
 
 
-def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], files: list[FileState],
-                txn: Transaction | None) -> list[Write]:
+def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], files: list[FileState]) -> list[Write]:
     bad = [f for f in files if f.state in (UNKNOWN, MISSING)]
     if bad:
         raise RefusedSourceState("\n".join(_refusal(f, manifests) for f in bad) + "\nNothing was changed.")
@@ -164,20 +220,15 @@ def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], f
             raise RefusedSourceState(
                 f"half-patched group {patch.id}: " + ", ".join(f"{f.entry.path} is {f.state}" for f in group)
                 + ". Run `patch revert` first, then `patch apply`. Nothing was changed.")
-    todo = [f for f in files if f.state == PRISTINE]
+    writes = []
     for f in files:
         if f.state == PATCHED:
             report.actions.append(f"keep {f.entry.path} (already patched)")
-    problems = writable_problems([f.path for f in todo])
-    if problems:
-        raise EnvironmentProblem("cannot patch: " + "; ".join(problems) + ". Nothing was changed.")
-    writes = []
-    for f in todo:
-        original = f.path.read_bytes()
-        if sha256_bytes(original) != f.entry.pristine:
-            raise RefusedSourceState(f"{f.entry.path} changed while being planned; nothing was changed")
-        data = _patched_bytes(manifest, f.entry, original)
-        writes.append(Write(f.path, f.entry.path, f.sha256, f.entry.patched, f.entry.pristine, data, original))
+    for f in files:
+        if f.state != PRISTINE:
+            continue
+        data = _patched_bytes(manifest, f.entry, f.data)
+        writes.append(_write(f, f.entry.patched, data))
         report.actions.append(f"patch {f.entry.path} ({', '.join(f.entry.patches)})")
     return writes
 
@@ -185,26 +236,29 @@ def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], f
 def revert(target: Target, root: Path | None = None, dry_run: bool = False) -> Report:
     manifest, manifests = select_manifest(target, root)
     report = Report("revert", target, manifest, dry_run=dry_run)
-    txn = Transaction(target.site_packages, target.engine.name)
-    if dry_run:
-        files = survey(manifest, target.site_packages, manifests)
-        _plan_revert(report, manifests, files, txn, read=False)
-        report.files = files
-        return report
-    with txn:
+    pending = _pending(target, manifest)
+    files = survey(manifest, target.site_packages, manifests)
+    if dry_run or not pending:
+        with StateView(target.site_packages, manifest) as view:
+            writes = _plan_revert(report, manifests, files, view)
+        if dry_run or not writes:
+            report.files = files
+            return report
+    with Transaction(target.site_packages, manifest) as txn:
         report.recovered = txn.recover()
+        report.actions = []
         files = survey(manifest, target.site_packages, manifests)
-        writes = _plan_revert(report, manifests, files, txn, read=True)
+        writes = _plan_revert(report, manifests, files, txn)
         txn.commit(writes, "revert")
-        report.files = survey(manifest, target.site_packages, manifests)
+        report.actions += txn.warnings
+    report.files = survey(manifest, target.site_packages, manifests)
     if any(f.state != PRISTINE for f in report.files):
         raise RefusedSourceState("revert finished but not every file is pristine: "
                                  + ", ".join(f"{f.entry.path}={f.state}" for f in report.files))
     return report
 
 
-def _plan_revert(report: Report, manifests: list[Manifest], files: list[FileState], txn: Transaction,
-                 read: bool) -> list[Write]:
+def _plan_revert(report: Report, manifests: list[Manifest], files: list[FileState], view: StateView) -> list[Write]:
     bad = [f for f in files if f.state in (UNKNOWN, MISSING)]
     if bad:
         raise RefusedSourceState("\n".join(_refusal(f, manifests).replace("to patch", "to revert", 1) for f in bad)
@@ -213,17 +267,9 @@ def _plan_revert(report: Report, manifests: list[Manifest], files: list[FileStat
     if not todo:
         report.actions.append("already pristine: nothing to do")
         return []
-    problems = writable_problems([f.path for f in todo])
-    if problems:
-        raise EnvironmentProblem("cannot revert: " + "; ".join(problems) + ". Nothing was changed.")
     writes = []
     for f in todo:
-        if read:
-            data = txn.read_backup(f.entry.pristine, f.entry.path)
-        elif not txn.has_backup(f.entry.pristine):
-            raise RefusedSourceState(f"no backup of the pristine {f.entry.path} in {txn.backups}")
-        else:
-            data = b""
-        writes.append(Write(f.path, f.entry.path, f.sha256, f.entry.pristine, f.entry.pristine, data, b""))
+        data = view.read_backup(f.entry.pristine, f.entry.path)
+        writes.append(_write(f, f.entry.pristine, data))
         report.actions.append(f"restore {f.entry.path} from backup {f.entry.pristine[:12]}…")
     return writes

@@ -7,6 +7,8 @@ hunk would match instead; the installer never uses it.
 
 from __future__ import annotations
 
+import datetime
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,8 +16,16 @@ import unidiff
 from unidiff.constants import LINE_TYPE_ADDED, LINE_TYPE_CONTEXT, LINE_TYPE_NO_NEWLINE, LINE_TYPE_REMOVED
 
 from ..errors import BadKitData
+from .files import read_kit_file
 
-HEADER_FIELDS_REQUIRED = ("Description", "Origin", "Forwarded", "Test")
+# DEP-3 fields every patch of ours carries (Test: is the kit's own: the RED/GREEN check of the patch).
+# Upstream status lives here and nowhere else: Bug (the upstream issue or pull request, or why there is
+# none), Forwarded (whether we sent it), optionally Applied-Upstream (the release that has it).
+HEADER_FIELDS_REQUIRED = ("Description", "Origin", "Bug", "Forwarded", "Last-Update", "Test")
+HEADER_FIELDS_OPTIONAL = ("Author", "Applied-Upstream", "Reviewed-by")
+_URL = re.compile(r"^https?://\S+$")
+_ORIGIN = re.compile(r"^(upstream|backport|vendor|other)(, \S.*)?$")
+_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,10 @@ class HunkMismatch(BadKitData):
 
 
 def parse_header(text: str, where: str) -> dict[str, str]:
-    """DEP-3-style ``Key: value`` lines (indented continuation lines) before the first ``---``."""
+    """DEP-3 ``Key: value`` lines (indented continuation lines) before the first ``---``/``diff``.
+
+    Every field of HEADER_FIELDS_REQUIRED must be present and well formed; a field given twice is refused.
+    """
     header: dict[str, str] = {}
     key = None
     for line in text.splitlines():
@@ -48,23 +61,50 @@ def parse_header(text: str, where: str) -> dict[str, str]:
             continue
         if line[0] in " \t" and key:
             header[key] += "\n" + line.strip()
-        elif ":" in line:
+        elif ":" in line and not line[0].isspace():
             key, _, value = line.partition(":")
             key = key.strip()
+            if key in header:
+                raise BadKitData(f"{where}: patch header gives {key} twice")
             header[key] = value.strip()
     missing = [f for f in HEADER_FIELDS_REQUIRED if not header.get(f)]
     if missing:
         raise BadKitData(f"{where}: patch header lacks {missing}")
+    problems = []
+    if not (_ORIGIN.match(header["Origin"]) or _URL.match(header["Origin"])):
+        problems.append(f"Origin {header['Origin']!r} is neither a URL nor upstream|backport|vendor|other[, URL]")
+    if not (_URL.match(header["Bug"]) or header["Bug"].lower().startswith("none")):
+        problems.append(f"Bug {header['Bug']!r} is neither a URL nor 'none ...' (say why there is none)")
+    if not (header["Forwarded"] in ("no", "not-needed", "yes") or _URL.match(header["Forwarded"])):
+        problems.append(f"Forwarded {header['Forwarded']!r} is not no, not-needed, yes or a URL")
+    try:
+        if not _DATE.match(header["Last-Update"]):
+            raise ValueError
+        datetime.date.fromisoformat(header["Last-Update"])
+    except ValueError:
+        problems.append(f"Last-Update {header['Last-Update']!r} is not a YYYY-MM-DD date")
+    test = header["Test"]
+    if not (test.startswith("tests/") and test.endswith(".py") and ".." not in test.split("/")):
+        problems.append(f"Test {test!r} is not a tests/....py path")
+    if problems:
+        raise BadKitData(f"{where}: " + "; ".join(problems))
     return header
 
 
+def upstream_status(header: dict[str, str]) -> str:
+    """One line for reports: where the change stands upstream (read from the DEP-3 header only)."""
+    parts = [f"bug {header['Bug']}", f"forwarded: {header['Forwarded']}"]
+    if header.get("Applied-Upstream"):
+        parts.append(f"applied upstream: {header['Applied-Upstream']}")
+    return "; ".join(parts)
+
+
 def load_patch(path: Path, patch_id: str) -> ParsedPatch:
+    raw = read_kit_file(Path(path), f"patch {patch_id}: diff file")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadKitData(f"patch {patch_id}: diff file {path} is missing") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadKitData(f"patch {patch_id}: diff file {path} is unreadable: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadKitData(f"patch {patch_id}: diff file {path} is not UTF-8: {exc}") from None
     header = parse_header(text, f"patch {patch_id} ({path})")
     try:
         patch_set = unidiff.PatchSet(text)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EnvironmentProblem
-from .diff import HunkMismatch, apply_file, load_patch
-from .manifest import Manifest
+from .diff import HunkMismatch, apply_file, load_patch, upstream_status
+from .manifest import Manifest, dump_manifest
 from .state import function_sha256
 from .wheels import fetch_wheel, wheel_file_bytes
 
@@ -121,7 +121,7 @@ def analyse_release(manifest: Manifest, release: str, files: dict[str, bytes | N
         kept_ids = {p.id for p in kept_patches}
         candidate = {
             "engine": manifest.engine.name, "release": release,
-            "patches": [{"id": p.id, "order": p.order, "diff": p.diff, "upstream": p.upstream} for p in kept_patches],
+            "patches": [p.id for p in kept_patches],
             "files": [{"path": e.path, "pristine": hashlib.sha256(files[e.path]).hexdigest(),
                        "patched": hashlib.sha256(current[e.path]).hexdigest(),
                        "patches": [p for p in e.patches if p in kept_ids]}
@@ -173,6 +173,9 @@ def markdown(manifest: Manifest, reports: list[ReleaseDrift]) -> str:
     for w in manifest.watch:
         row = [next(x["state"] for x in r.watch if x["id"] == w.id) for r in reports]
         lines.append(f"| watch: {w.id} | " + " | ".join(row) + " |")
+    lines += ["", "## Upstream status (from each patch's DEP-3 header)", ""]
+    for patch in manifest.patches:
+        lines.append(f"- {patch.id}: {upstream_status(load_patch(patch.diff, patch.id).header)}")
     lines += ["", "## Per release", ""]
     for r in reports:
         lines.append(f"- **{r.release}** ({r.source}): {r.summary()}")
@@ -196,5 +199,5 @@ def write_report(manifest: Manifest, reports: list[ReleaseDrift], out: Path) -> 
         if r.candidate and r.release != manifest.release:
             cand = dict(r.candidate, status="unreviewed: run the RED/GREEN tests against this release, then move "
                                               "this file (without this field) into hashes/")
-            (out / f"{manifest.engine.name}-{r.release}.candidate.json").write_text(json.dumps(cand, indent=1))
+            (out / f"{manifest.engine.name}-{r.release}.candidate.json").write_text(dump_manifest(cand))
 

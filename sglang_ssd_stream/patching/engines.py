@@ -14,12 +14,13 @@ class Engine:
     distribution: str  # the name pip knows it by
     package: str  # the top-level import package inside site-packages
     pinned: str  # the release install.sh installs and CI proves
+    tool: str  # the command line that patches it (named in messages that say what to run)
 
 
 # The one place the pinned releases are written (install.sh and scripts/ ask this module).
 ENGINES = {
-    "sglang": Engine(name="sglang", distribution="sglang", package="sglang", pinned="0.5.23"),
-    "vllm": Engine(name="vllm", distribution="vllm", package="vllm", pinned="0.33.0"),
+    "sglang": Engine(name="sglang", distribution="sglang", package="sglang", pinned="0.5.23", tool="sglang-ssd-stream"),
+    "vllm": Engine(name="vllm", distribution="vllm", package="vllm", pinned="0.33.0", tool="vllm-ple-offload"),
 }
 
 

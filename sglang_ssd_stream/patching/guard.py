@@ -13,20 +13,22 @@ release's manifest (the only place a hash is written):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding
 from .engines import ENGINES
-from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, function_sha256
+from .files import NotAFile
+from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, function_sha256, open_site, read_target
 
 # Verdict states, beyond the per-file ones.
 MIXED, PENDING, NO_VERDICT = "mixed", "pending", "error"
 
 # Each engine's escape hatch for running on a pristine engine, and the command that patches it.
 ALLOW_UNPATCHED_ENV = {"sglang": "SGLANG_SSD_STREAM_ALLOW_UNPATCHED", "vllm": "VLLM_PLE_ALLOW_UNPATCHED"}
-TOOL = {"sglang": "sglang-ssd-stream", "vllm": "vllm-ple-offload"}
+TOOL = {name: e.tool for name, e in ENGINES.items()}
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,10 @@ class Verdict:
             out = [Finding(ERROR, "source", f"{name} is half-patched ({self.listing}); half-patched files are never "
                            f"used", f"{tool} patch apply (it completes or recovers the series)")]
         elif self.state == PENDING:
-            out = [Finding(ERROR, "source", f"{name}: an interrupted patch transaction is pending ({self.listing})",
-                           f"{tool} patch status with write access to the engine's site-packages finishes it")]
+            out = [Finding(ERROR, "source", f"{name}: a patch transaction could not be rolled back and is pending; "
+                           f"files may be mixed ({self.listing})",
+                           f"once the fault it names is gone, run {tool} patch status with write access to the "
+                           f"engine's site-packages: it rolls every file back to pristine; then {tool} patch apply")]
         elif self.state == UNKNOWN:
             out = [Finding(ERROR, "source", f"{name} files match no state this kit knows ({self.listing})",
                            f"reinstall the engine as released (pip install --force-reinstall --no-deps "
@@ -97,6 +101,7 @@ def verdict(engine_name: str, *, python: str | None = None, site_packages: Path 
     listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
     if report.pending_recovery:
         state = PENDING
+        listing = f"{report.pending_reason}; {listing}"
     elif states <= {PATCHED}:
         state = PATCHED
     elif states == {PRISTINE}:
@@ -106,10 +111,25 @@ def verdict(engine_name: str, *, python: str | None = None, site_packages: Path 
     else:
         state = UNKNOWN if states & {UNKNOWN, MISSING} else MIXED
     changed, ok = [], 0
+    site_fd = open_site(target.site_packages)
+    try:
+        sources = {}
+        for w in report.manifest.watch:
+            if w.path in sources:
+                continue
+            try:
+                sources[w.path] = read_target(site_fd, w.path)[0]
+            except (OSError, NotAFile, KitError) as exc:
+                sources[w.path] = exc
+    finally:
+        os.close(site_fd)
     for w in report.manifest.watch:
         try:
-            got = function_sha256((target.site_packages / w.path).read_bytes(), w.function)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
+            src = sources[w.path]
+            if isinstance(src, Exception):
+                raise src
+            got = function_sha256(src, w.function)
+        except (OSError, NotAFile, KitError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
             got, detail = None, f"is unreadable ({exc})"
         else:
             detail = "is missing" if got is None else f"has SHA-256 {got}"

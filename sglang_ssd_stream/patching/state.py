@@ -5,10 +5,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BadKitData, EnvironmentProblem
+from ..errors import EnvironmentProblem
+from .files import NotAFile, errno_text, open_parent, read_at
 from .manifest import FileEntry, Manifest
 
 PRISTINE, PATCHED, UNKNOWN, MISSING = "pristine", "patched", "unknown", "missing"
@@ -42,16 +44,6 @@ def function_sha256(source: bytes, qualname: str) -> str | None:
     return hashlib.sha256(segment.encode()).hexdigest() if segment is not None else None
 
 
-def resolve_inside(site_packages: Path, package: str, rel: str) -> Path:
-    """The real path of ``rel``; refuses one whose symlinks lead out of the package."""
-    root = (site_packages / package).resolve()
-    path = site_packages / rel
-    real = path.resolve()
-    if real != root and root not in real.parents:
-        raise BadKitData(f"{rel} resolves to {real}, outside {root}; refusing to follow a symlink out of the package")
-    return path
-
-
 @dataclass
 class FileState:
     entry: FileEntry
@@ -59,26 +51,58 @@ class FileState:
     state: str
     sha256: str | None
     matches: list[str] = field(default_factory=list)  # e.g. ["sglang 0.5.22 pristine"] for unknown files
+    detail: str = ""  # why a file is unknown although no hash was read: "is a FIFO", "is a symlink", ...
+    data: bytes | None = field(default=None, repr=False)  # the bytes hashed (apply/revert plan from them)
+    stat: os.stat_result | None = field(default=None, repr=False)
 
     def as_json(self) -> dict:
         return {"path": self.entry.path, "state": self.state, "sha256": self.sha256,
                 "pristine": self.entry.pristine, "patched": self.entry.patched,
-                "patches": list(self.entry.patches), "matches": self.matches}
+                "patches": list(self.entry.patches), "matches": self.matches, "detail": self.detail}
 
 
-def classify(entry: FileEntry, site_packages: Path, manifest: Manifest,
-             others: list[Manifest] = ()) -> FileState:
-    path = resolve_inside(site_packages, manifest.engine.package, entry.path)
+def read_target(site_fd: int, rel: str) -> tuple[bytes, os.stat_result]:
+    """An engine file's bytes, reached from site-packages without following any symlink.
+
+    FileNotFoundError when it (or a directory above it) is missing; NotAFile when it is not a plain
+    regular file readable by its owner; EnvironmentProblem for any other error (naming the errno).
+    """
     try:
-        digest = sha256_file(path)
+        dir_fd, name = open_parent(site_fd, rel, what=rel)
+        try:
+            data, st = read_at(dir_fd, name, what=rel)
+        finally:
+            os.close(dir_fd)
+    except (FileNotFoundError, NotAFile):
+        raise
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot read {rel}: {errno_text(exc)}; nothing was changed") from None
+    if not st.st_mode & stat.S_IRUSR:
+        # pip never installs such a file; root could read it anyway, so refuse by policy
+        raise NotAFile(rel, f"mode {stat.S_IMODE(st.st_mode):03o}, unreadable by its owner")
+    return data, st
+
+
+def open_site(site_packages: Path) -> int:
+    try:
+        return os.open(site_packages, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot open {site_packages}: {errno_text(exc)}") from None
+
+
+def classify(entry: FileEntry, site_fd: int, site_packages: Path, others: list[Manifest] = ()) -> FileState:
+    path = site_packages / entry.path
+    try:
+        data, st = read_target(site_fd, entry.path)
     except FileNotFoundError:
         return FileState(entry, path, MISSING, None)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot read {path}: {exc.strerror or exc}") from None
+    except NotAFile as exc:
+        return FileState(entry, path, UNKNOWN, None, detail=f"is {exc.kind}")
+    digest = sha256_bytes(data)
     if digest == entry.pristine:
-        return FileState(entry, path, PRISTINE, digest)
+        return FileState(entry, path, PRISTINE, digest, data=data, stat=st)
     if digest == entry.patched:
-        return FileState(entry, path, PATCHED, digest)
+        return FileState(entry, path, PATCHED, digest, data=data, stat=st)
     matches = []
     for other in others:
         try:
@@ -89,19 +113,13 @@ def classify(entry: FileEntry, site_packages: Path, manifest: Manifest,
             matches.append(f"{other.engine.name} {other.release} pristine")
         elif digest == o.patched:
             matches.append(f"{other.engine.name} {other.release} patched")
-    return FileState(entry, path, UNKNOWN, digest, matches)
+    return FileState(entry, path, UNKNOWN, digest, matches, data=data, stat=st)
 
 
 def survey(manifest: Manifest, site_packages: Path, others: list[Manifest] = ()) -> list[FileState]:
-    return [classify(f, site_packages, manifest, [o for o in others if o is not manifest]) for f in manifest.files]
-
-
-def writable_problems(paths: list[Path]) -> list[str]:
-    """Targets (or their directories) we could not replace; checked before any write."""
-    problems = []
-    for p in paths:
-        if not os.access(p.parent, os.W_OK | os.X_OK):
-            problems.append(f"{p.parent} is not writable")
-        elif p.exists() and not os.access(p, os.R_OK):
-            problems.append(f"{p} is not readable")
-    return problems
+    site_fd = open_site(site_packages)
+    try:
+        return [classify(f, site_fd, site_packages, [o for o in others if o is not manifest])
+                for f in manifest.files]
+    finally:
+        os.close(site_fd)

@@ -30,7 +30,8 @@ def unified(path: str, old: str, new: str) -> str:
 
 
 HEADER = ("Description: demo patch for the core tests\n  continued description line\n"
-          "Origin: vendor\nForwarded: no\nTest: tests/patching/test_patch_core.py\n\n")
+          "Origin: vendor\nBug: none (a synthetic patch)\nForwarded: no\nLast-Update: 2026-12-01\n"
+          "Test: tests/patching/test_patch_core.py\n\n")
 
 
 @dataclass
@@ -62,6 +63,10 @@ class Kit:
         return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
 
 
+def write_series(data: Path, ids: list[str], engine: str = "sglang") -> None:
+    (data / "patches" / engine / "series").write_text("# test series\n" + "".join(f"{i}.patch\n" for i in ids))
+
+
 def write_kit(root: Path, release: str = "0.5.23") -> Kit:
     site = root / "site-packages"
     files = {"sglang/srt/a.py": (A_PRISTINE, A_PATCHED), "sglang/srt/managers/b.py": (B_PRISTINE, B_PATCHED)}
@@ -78,9 +83,10 @@ def write_kit(root: Path, release: str = "0.5.23") -> Kit:
     (data / "hashes").mkdir()
     diff = HEADER + "".join(unified(rel, old, new) for rel, (old, new) in sorted(files.items()))
     (data / "patches" / "sglang" / "0001-demo.patch").write_text(diff)
+    write_series(data, ["0001-demo"])
     manifest = {
         "engine": "sglang", "release": "0.5.23",
-        "patches": [{"id": "0001-demo", "order": 1, "diff": "patches/sglang/0001-demo.patch", "upstream": "none"}],
+        "patches": ["0001-demo"],
         "files": [{"path": rel, "pristine": sha(old), "patched": sha(new), "patches": ["0001-demo"]}
                   for rel, (old, new) in sorted(files.items())],
     }
@@ -91,3 +97,57 @@ def write_kit(root: Path, release: str = "0.5.23") -> Kit:
 @pytest.fixture
 def kit(tmp_path) -> Kit:
     return write_kit(tmp_path)
+
+
+def run_cli(kit: Kit, *args: str) -> tuple[int, str, str]:
+    """The real CLI in this process (fast; lets a test patch the transaction's fault seam)."""
+    import contextlib
+    import io
+
+    from sglang_ssd_stream.cli import main
+
+    verb, *rest = args
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["patch", verb, "--site-packages", str(kit.site), "--data-dir", str(kit.data), *rest])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root``: kind, mode and, for files, bytes (symlinks: target). FIFOs are not opened."""
+    import stat as st
+
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            s = os.lstat(p)
+            rel = str(p.relative_to(root))
+            if st.S_ISREG(s.st_mode):
+                out[rel] = ("file", st.S_IMODE(s.st_mode), s.st_uid, p.read_bytes())
+            elif st.S_ISLNK(s.st_mode):
+                out[rel] = ("link", os.readlink(p))
+            else:
+                out[rel] = (st.S_IFMT(s.st_mode), st.S_IMODE(s.st_mode), s.st_uid)
+    return out
+
+
+def record_steps(command: str) -> list[str]:
+    """The write steps of ``command`` on a fresh synthetic kit, as the transaction's seam sees them."""
+    import tempfile
+
+    from sglang_ssd_stream.patching.transaction import Transaction
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kit = write_kit(Path(tmp))
+        if command == "revert":
+            assert run_cli(kit, "apply")[0] == 0
+        seen: list[str] = []
+        real = Transaction._checkpoint
+        Transaction._checkpoint = lambda self, step: seen.append(step)
+        try:
+            rc, out, err = run_cli(kit, command)
+        finally:
+            Transaction._checkpoint = real
+        assert rc == 0, err
+    return seen

@@ -1,10 +1,16 @@
-"""Kill the installer (os._exit, like SIGKILL) at every durable step; files must never end mixed."""
+"""Kill the installer (os._exit, like SIGKILL) at every write step; files must never end mixed.
+
+A killed process cannot roll back: the next command that takes the lock does, from the journal
+and the content-addressed backups.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from sglang_ssd_stream.errors import EXIT_OK
+
+from .conftest import record_steps, run_cli
 
 # Runs the real CLI with Transaction._checkpoint replaced by a counter that dies at step KILL_AT.
 WRAPPER = """
@@ -21,8 +27,10 @@ from sglang_ssd_stream.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
-# apply: 2 backups, journal, (write, rename) x 2 files, clear journal = 8 steps; revert has no backups: 6.
-APPLY_STEPS, REVERT_STEPS = 8, 6
+APPLY, REVERT = record_steps("apply"), record_steps("revert")
+# 1-based kill points: a kill *at* step k stops before k runs.
+APPLY_COMMITTED_AFTER = APPLY.index("unlink journal") + 1  # killed later: the apply is complete
+REVERT_JOURNAL_FROM = REVERT.index("rename journal") + 2  # killed at or after this: a journal exists
 
 
 def _states(kit):
@@ -30,33 +38,40 @@ def _states(kit):
                   else "other") for rel, (p, q) in kit.files.items()}
 
 
-@pytest.mark.parametrize("kill_at", range(1, APPLY_STEPS + 1))
+def _no_leftovers(kit):
+    return not [p for p in kit.site.rglob("*") if p.name.endswith((".sglang-ssd-stream-tmp",
+                                                                  ".sglang-ssd-stream-orig"))]
+
+
+@pytest.mark.parametrize("kill_at", range(1, len(APPLY) + 1), ids=lambda k: f"{k}-{APPLY[k - 1]}")
 def test_apply_killed_at_every_step(kit, kill_at):
     r = kit.cli("apply", wrapper=WRAPPER, env_extra={"KILL_AT": str(kill_at)})
     assert r.returncode == 137 and "killed at" in r.stdout, (r.returncode, r.stdout, r.stderr)
-    status = kit.cli("status")  # takes the lock and rolls the journal back
-    assert status.returncode == EXIT_OK, status.stderr
-    assert set(_states(kit).values()) == {"pristine"}, _states(kit)
-    assert "unknown" not in status.stdout
-    assert not list(kit.site.rglob("*.sglang-ssd-stream-tmp"))
-    assert kit.cli("apply").returncode == EXIT_OK
+    rc, out, err = run_cli(kit, "status")  # takes the lock and rolls the journal back
+    assert rc == EXIT_OK, err
+    expected = {"pristine"} if kill_at <= APPLY_COMMITTED_AFTER else {"patched"}
+    assert set(_states(kit).values()) == expected, _states(kit)
+    assert "unknown" not in out
+    assert _no_leftovers(kit) and not (kit.site / ".sglang-ssd-stream" / "sglang" / "journal.json").exists()
+    assert run_cli(kit, "apply")[0] == EXIT_OK
     assert set(_states(kit).values()) == {"patched"}
 
 
-@pytest.mark.parametrize("kill_at", range(1, REVERT_STEPS + 1))
+@pytest.mark.parametrize("kill_at", range(1, len(REVERT) + 1), ids=lambda k: f"{k}-{REVERT[k - 1]}")
 def test_revert_killed_at_every_step(kit, kill_at):
-    assert kit.cli("apply").returncode == EXIT_OK
+    assert run_cli(kit, "apply")[0] == EXIT_OK
     r = kit.cli("revert", wrapper=WRAPPER, env_extra={"KILL_AT": str(kill_at)})
     assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
-    assert kit.cli("status").returncode == EXIT_OK  # rolls an interrupted revert forward to pristine
+    assert run_cli(kit, "status")[0] == EXIT_OK  # rolls an interrupted revert forward to pristine
     # Killed before the journal exists, nothing was written; after it, recovery finishes at pristine.
-    assert set(_states(kit).values()) == ({"patched"} if kill_at == 1 else {"pristine"}), _states(kit)
-    assert not list(kit.site.rglob("*.sglang-ssd-stream-tmp"))
+    expected = {"patched"} if kill_at < REVERT_JOURNAL_FROM else {"pristine"}
+    assert set(_states(kit).values()) == expected, _states(kit)
+    assert _no_leftovers(kit)
 
 
 def test_step_counts_are_exact(kit):
     """The kill points above cover every step: one past the last step, the command completes."""
-    r = kit.cli("apply", wrapper=WRAPPER, env_extra={"KILL_AT": str(APPLY_STEPS + 1)})
+    r = kit.cli("apply", wrapper=WRAPPER, env_extra={"KILL_AT": str(len(APPLY) + 1)})
     assert r.returncode == EXIT_OK and set(_states(kit).values()) == {"patched"}
-    r = kit.cli("revert", wrapper=WRAPPER, env_extra={"KILL_AT": str(REVERT_STEPS + 1)})
+    r = kit.cli("revert", wrapper=WRAPPER, env_extra={"KILL_AT": str(len(REVERT) + 1)})
     assert r.returncode == EXIT_OK and set(_states(kit).values()) == {"pristine"}

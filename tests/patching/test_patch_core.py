@@ -146,11 +146,13 @@ def test_symlink_escaping_the_package_is_refused(kit, tmp_path):
     a.unlink()
     a.symlink_to(outside)
     r = kit.cli("apply")
-    assert r.returncode == EXIT_BAD_KIT_DATA and "outside" in r.stderr
+    assert r.returncode == EXIT_REFUSED and "sglang/srt/a.py is a symlink" in r.stderr, r.stderr
     assert outside.read_text() == kit.files["sglang/srt/a.py"][0]
+    s = kit.cli("status")  # the other files are still listed
+    assert s.returncode == EXIT_OK and "unknown   sglang/srt/a.py" in s.stdout and "pristine  sglang/srt/managers/b.py" in s.stdout
 
 
-@pytest.mark.parametrize("mutation", ["extra-field", "missing-field", "bad-sha", "unknown-patch", "bad-diff-path"])
+@pytest.mark.parametrize("mutation", ["extra-field", "missing-field", "bad-sha", "unknown-patch", "not-in-series"])
 def test_malformed_manifest_is_refused(kit, mutation):
     m = json.loads(kit.manifest_file().read_text())
     if mutation == "extra-field":
@@ -162,7 +164,7 @@ def test_malformed_manifest_is_refused(kit, mutation):
     elif mutation == "unknown-patch":
         m["files"][0]["patches"] = ["0002-nope"]
     else:
-        m["patches"][0]["diff"] = "../../etc/passwd"
+        m["patches"] = ["0009-not-in-series"]
     kit.manifest_file().write_text(json.dumps(m))
     before = kit.contents()
     assert kit.cli("apply").returncode == EXIT_BAD_KIT_DATA
@@ -278,21 +280,21 @@ def test_python_option_finds_the_install(kit):
 def test_kit_upgrade_with_a_new_patch_applies_only_the_new_group(kit):
     """A runtime patched by an older kit (fewer patches) is upgraded in place: whole groups
     already applied are kept, the new group is applied, and revert still restores everything."""
-    from .conftest import A_PATCHED, A_PRISTINE, B_PATCHED, B_PRISTINE, HEADER, unified
+    from .conftest import A_PATCHED, A_PRISTINE, B_PATCHED, B_PRISTINE, HEADER, unified, write_series
 
     before = kit.contents()
     pdir = kit.data / "patches" / "sglang"
     (pdir / "0001-demo.patch").write_text(HEADER + unified("sglang/srt/a.py", A_PRISTINE, A_PATCHED))
     (pdir / "0002-more.patch").write_text(HEADER + unified("sglang/srt/managers/b.py", B_PRISTINE, B_PATCHED))
+    write_series(kit.data, ["0001-demo", "0002-more"])
     old = {"engine": "sglang", "release": "0.5.23",
-           "patches": [{"id": "0001-demo", "order": 1, "diff": "patches/sglang/0001-demo.patch", "upstream": "x"}],
+           "patches": ["0001-demo"],
            "files": [{"path": "sglang/srt/a.py", "pristine": sha(A_PRISTINE), "patched": sha(A_PATCHED),
                       "patches": ["0001-demo"]}]}
     kit.manifest_file().write_text(json.dumps(old))
     assert kit.cli("apply").returncode == EXIT_OK
 
-    new = dict(old, patches=old["patches"] + [
-        {"id": "0002-more", "order": 2, "diff": "patches/sglang/0002-more.patch", "upstream": "x"}],
+    new = dict(old, patches=old["patches"] + ["0002-more"],
         files=old["files"] + [{"path": "sglang/srt/managers/b.py", "pristine": sha(B_PRISTINE),
                                "patched": sha(B_PATCHED), "patches": ["0002-more"]}])
     kit.manifest_file().write_text(json.dumps(new))

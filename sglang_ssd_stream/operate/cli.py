@@ -42,13 +42,22 @@ def _resolve_model(args) -> tuple[str, str | None]:
     return model, os.path.abspath(draft)
 
 
+def _launch_profile(args):
+    """The profile of ``--profile`` with ``--mtp`` applied; says why on stderr."""
+    from .profiles import get_profile, with_mtp
+
+    profile, why = with_mtp(get_profile(args.profile, args.side.name), args.mtp,
+                            expected_context=args.expected_context, concurrency=args.concurrency)
+    print(f"{args.side.tool}: {why}", file=sys.stderr)
+    return profile
+
+
 def cmd_serve(args, exec_fn=None) -> int:
     from .host import cpu_budget
     from .launch import build_launch
     from .preflight import preflight
-    from .profiles import get_profile
 
-    profile = get_profile(args.profile, args.side.name)
+    profile = _launch_profile(args)
     model, draft = _resolve_model(args)
     launch = build_launch(profile, args.side, model=model, draft=draft if profile.needs_draft else None, host=args.host,
                           port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
@@ -93,10 +102,9 @@ def _profile_defaults(profile) -> dict:
 
 
 def cmd_plan(args) -> int:
-    from .capacity import load_geometry, plan, render, sessions_of, weights_bytes
-    from .profiles import get_profile
+    from .capacity import load_geometry, plan, render, sessions_of
 
-    d = _profile_defaults(get_profile(args.profile, args.side.name))
+    d = _profile_defaults(_launch_profile(args))
     for key in ("context_length", "pool_tokens", "running", "draft_steps", "mamba_slots", "target_kv_dtype",
                 "draft_kv_dtype", "page_size", "mem_fraction", "tensor_parallel"):
         v = getattr(args, key, None)
@@ -158,15 +166,14 @@ def cmd_service(args) -> int:
 
 
 def _compose(args) -> int:
-    from .profiles import get_profile
     from .service import render_compose
 
-    profile = get_profile(args.profile, args.side.name)
+    profile = _launch_profile(args)
     text = render_compose(profile, args.side, service=args.name, image=args.image,
                           model_dir=os.path.abspath(args.model), cache_dir=os.path.abspath(args.cache_dir),
                           port=args.port, publish=args.publish, require_api_key=args.require_api_key,
                           allow_unauthenticated=args.allow_unauthenticated, served_names=tuple(args.served_name or ()),
-                          gpus=tuple(args.gpus.split(",")),
+                          gpus=tuple(args.gpus.split(",")) if args.gpus else None,
                           chat_template=os.path.abspath(args.chat_template) if args.chat_template else None)
     _emit(text, args.output)
     return EXIT_OK
@@ -174,13 +181,14 @@ def _compose(args) -> int:
 
 def _systemd(args) -> int:
     from .launch import check_exposure
-    from .profiles import get_profile
     from .service import render_systemd
 
-    profile = get_profile(args.profile, args.side.name)
+    profile = _launch_profile(args)
     check_exposure(args.host, args.api_key_file, args.allow_unauthenticated)
     exe = args.cli or os.path.join(os.path.dirname(sys.executable), args.side.tool)
     argv = [exe, "serve", "--profile", profile.name, "--model", os.path.abspath(args.model), "--host", args.host]
+    if profile.speculative_flags:  # the decision made now, written down: the unit does not re-decide
+        argv += ["--mtp", "on" if profile.drafts else "off"]
     if args.draft:
         argv += ["--draft", os.path.abspath(args.draft)]
     if args.port:
@@ -305,7 +313,7 @@ def _compose_args(v) -> None:
     v.add_argument("--cache-dir", required=True, help="host directory for /root/.cache")
     v.add_argument("--publish", default="127.0.0.1", help="host address the port is published on")
     v.add_argument("--require-api-key", action="store_true", help="take VLLM_API_KEY from the host environment")
-    v.add_argument("--gpus", default="0,1,2,3")
+    v.add_argument("--gpus", help="GPU ids, comma-separated (default: 0 .. tensor parallel size - 1)")
     v.add_argument("--chat-template")
 
 
@@ -330,7 +338,9 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
         s.add_argument("--draft", help="NEXTN draft (MTP) directory (default: <model>/mtp)")
     s.add_argument("--data-dir", help="data dir holding state.json (default: $SGLANG_SSD_STREAM_HOME)")
     _net_args(s)
-    s.add_argument("--dry-run", action="store_true", help="print the exact command and exit")
+    _mtp_args(s)
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the exact command and the preflight's findings (shell comments), exit 0")
     s.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra engine arguments")
     s.set_defaults(func=cmd_serve, side=side)
     parsers["serve"] = s
@@ -356,6 +366,7 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     p.add_argument("--sessions", type=int, action="append", metavar="TOKENS",
                    help="how many sessions of this many tokens fit at once (repeatable)")
     p.add_argument("--json", action="store_true")
+    _mtp_args(p)
     p.set_defaults(func=cmd_plan, side=side)
     parsers["plan"] = p
 
@@ -368,6 +379,7 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     v.add_argument("--allow-unauthenticated", action="store_true")
     v.add_argument("-o", "--output", help="file to write (default: stdout)")
     add_args(v)
+    _mtp_args(v)
     v.set_defaults(func=cmd_service, side=side)
     parsers["service"] = v
 
@@ -409,6 +421,17 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     val.set_defaults(func=cmd_validate, side=side)
     parsers["validate"] = val
     return parsers
+
+
+def _mtp_args(p) -> None:
+    from .profiles import MTP_MODES
+
+    p.add_argument("--mtp", choices=MTP_MODES, default="auto",
+                   help="speculative decoding with the MTP layer: on, off (drops the whole speculative setup), or "
+                        "auto: the profile's measured rule by --expected-context and --concurrency (default; says why)")
+    p.add_argument("--expected-context", type=int, metavar="TOKENS", help="typical prompt length of the workload")
+    p.add_argument("--concurrency", type=int, metavar="N",
+                   help="typical concurrent streams (default: the profile's running requests)")
 
 
 def _net_args(s) -> None:

@@ -129,7 +129,8 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
                                f"unset it")
     shown = {k: v for k, v in env.items() if side.shown_env and k.startswith(side.shown_env) and k not in profile.env}
     explicit = set(env)  # what the operator exported stays as set (the doctor warns on it)
-    env.update(profile.env)
+    profile_env = {k: _fill(v, model, draft) for k, v in profile.env.items()}
+    env.update(profile_env)
     sized, notes = {}, []
     if cpu is not None and side.thread_knobs:
         from .host import size_threads
@@ -149,4 +150,4 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
     if names:
         argv += ["--served-model-name", *names]
     argv += extra
-    return Launch(argv=argv, env=env, profile_env={**shown, **profile.env, **sized}, notes=tuple(notes))
+    return Launch(argv=argv, env=env, profile_env={**shown, **profile_env, **sized}, notes=tuple(notes))

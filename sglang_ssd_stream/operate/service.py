@@ -67,7 +67,7 @@ API_KEY_ENV = "VLLM_API_KEY"
 
 def render_compose(profile: Profile, side: EngineSide, *, service: str, image: str, model_dir: str, cache_dir: str, port: int | None,
                    publish: str, require_api_key: bool, allow_unauthenticated: bool, served_names: tuple[str, ...],
-                   gpus: tuple[str, ...], chat_template: str | None = None, shm_size: str = "32g",
+                   gpus: tuple[str, ...] | None = None, chat_template: str | None = None, shm_size: str = "32g",
                    extra: list[str] | tuple[str, ...] = ()) -> str:
     """Compose file of write-up 002: SYS_PTRACE (pidfd_getfd for PLE IPC), memlock -1, ipc host; never privileged."""
     if side.service != "compose" or profile.engine != side.name:
@@ -76,7 +76,8 @@ def render_compose(profile: Profile, side: EngineSide, *, service: str, image: s
     # The published address is what clients reach; the key comes from the host's environment at
     # `docker compose up` (compose interpolation), so it is never written into the file.
     check_exposure(publish, "env" if require_api_key else None, allow_unauthenticated)
-    tp = int(profile.value("--tensor-parallel-size"))
+    tp = int(profile.value("--tensor-parallel-size")) if profile.has("--tensor-parallel-size") else 1
+    gpus = tuple(gpus) if gpus else tuple(str(i) for i in range(tp))
     if len(gpus) != tp:
         raise ServeRefused(f"profile {profile.name} runs tensor parallel {tp}; got {len(gpus)} GPU ids {list(gpus)}")
     port = port or profile.port
@@ -88,7 +89,7 @@ def render_compose(profile: Profile, side: EngineSide, *, service: str, image: s
     launch = build_launch(profile, side, model="/model", host="0.0.0.0", port=port, api_key=None,
                           served_names=served_names, allow_unauthenticated=True, extra=extra, base_env={})
     command = launch.argv[2:]  # the image's entrypoint is `vllm serve`
-    env = dict(profile.env)
+    env = {k: v for k, v in launch.env.items() if k in profile.env}  # placeholders filled (the model is /model)
     if require_api_key:
         env[API_KEY_ENV] = f"${{{API_KEY_ENV}:?set {API_KEY_ENV} on the host}}"
     out = [

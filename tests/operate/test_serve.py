@@ -25,7 +25,7 @@ THOR_ARGS = [
     "--speculative-draft-kv-cache-dtype", "fp8_e4m3", "--page-size", "64",
     "--mamba-radix-cache-strategy", "extra_buffer_lazy", "--mamba-track-interval", "64", "--mamba-ssm-dtype", "float32",
     "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", "/m/mtp", "--speculative-num-steps", "3",
-    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--allow-auto-truncate",
+    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--enable-metrics", "--allow-auto-truncate",
     "--enable-multimodal", "--reasoning-parser", "auto", "--tool-call-parser", "auto",
     "--attention-backend", "triton", "--moe-runner-backend", "flashinfer_cutlass",
     "--context-length", "262144", "--max-total-tokens", "557056", "--max-running-requests", "4",
@@ -42,14 +42,14 @@ def _parser(engine):
 
 
 def test_thor_exact_argv_and_env():
-    launch = build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY, base_env={"PATH": "/bin"})
+    launch = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY, base_env={"PATH": "/bin"})
     assert launch.argv == [PY, "-m", "sglang.launch_server", *THOR_ARGS, "--host", "127.0.0.1", "--port", "8000"]
     assert launch.env == {"PATH": "/bin", "SGLANG_PLUGINS": "ssd_stream", "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB": "32",
                           "SGLANG_EMPTY_CACHE_INTERVAL": "60", "SGLANG_SANITIZE_NAN_LOGITS": "1"}
 
 
 def test_discrete_gpu_profile_values():
-    launch = build_launch(PROFILES["discrete-gpu"], SIDES["sglang"], model="/m", draft="/d", python=PY, base_env={})
+    launch = build_launch(PROFILES["sglang", "discrete-gpu"], SIDES["sglang"], model="/m", draft="/d", python=PY, base_env={})
     a = launch.argv
     pairs = {a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}
     assert pairs["--kv-cache-dtype"] == pairs["--speculative-draft-kv-cache-dtype"] == "fp8_e4m3"
@@ -59,7 +59,7 @@ def test_discrete_gpu_profile_values():
 
 
 def test_vllm_a100x4_exact_argv_and_env():
-    launch = build_launch(PROFILES["a100x4"], SIDES["vllm"], model="/model", host="0.0.0.0", api_key="k", python=PY,
+    launch = build_launch(PROFILES["vllm", "a100x4"], SIDES["vllm"], model="/model", host="0.0.0.0", api_key="k", python=PY,
                           served_names=("qwen3.8-flash-next", "qwen3.8-27b-int8-w8a16"), base_env={})
     assert launch.argv == [
         "/venv/bin/vllm", "serve", "/model", "--tensor-parallel-size", "4", "--enable-expert-parallel",
@@ -75,72 +75,72 @@ def test_vllm_a100x4_exact_argv_and_env():
 
 
 def test_vllm_default_served_name():
-    argv = build_launch(PROFILES["a100x4"], SIDES["vllm"], model="/model", python=PY, base_env={}).argv
+    argv = build_launch(PROFILES["vllm", "a100x4"], SIDES["vllm"], model="/model", python=PY, base_env={}).argv
     assert argv[-2:] == ["--served-model-name", "qwen3.8-flash-next"]
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::", "thor.lan"])
 def test_open_bind_without_key_refused(host):
     with pytest.raises(ServeRefused, match=f"refusing to bind {host} without an API key"):
-        build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", host=host, base_env={})
+        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host=host, base_env={})
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
 def test_loopback_needs_no_key(host):
-    assert "--api-key" not in build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", host=host, base_env={}).argv
+    assert "--api-key" not in build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host=host, base_env={}).argv
 
 
 def test_open_bind_with_key_or_explicit_allow():
-    a = build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0", api_key="s3cret", base_env={})
+    a = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0", api_key="s3cret", base_env={})
     assert a.argv[-4:] == ["--port", "8000", "--api-key", "s3cret"]
     assert "s3cret" not in a.shell() and "--api-key '***'" in a.shell()
-    b = build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0", allow_unauthenticated=True, base_env={})
+    b = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0", allow_unauthenticated=True, base_env={})
     assert b.argv[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
 
 
 def test_served_name_alias_sglang():
-    a = build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", served_names=("Qwen/Qwen3.6-27B-NVFP4",), base_env={})
+    a = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", served_names=("Qwen/Qwen3.6-27B-NVFP4",), base_env={})
     assert a.argv[-2:] == ["--served-model-name", "Qwen/Qwen3.6-27B-NVFP4"]
     with pytest.raises(ServeRefused, match="sglang serves one --served-model-name"):
-        build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", served_names=("a", "b"), base_env={})
+        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", served_names=("a", "b"), base_env={})
 
 
 def test_extra_args_override_profile_value_once():
-    a = build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", extra=["--", "--chunked-prefill-size", "4096",
-                                                                       "--enable-metrics"], base_env={})
+    a = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d",
+                     extra=["--", "--chunked-prefill-size", "4096", "--log-requests"], base_env={})
     assert a.argv.count("--chunked-prefill-size") == 1
-    assert a.argv[-3:] == ["--chunked-prefill-size", "4096", "--enable-metrics"]
+    assert a.argv[-3:] == ["--chunked-prefill-size", "4096", "--log-requests"]
 
 
 @pytest.mark.parametrize("extra", [["--host", "0.0.0.0"], ["--api-key=x"], ["--model-path", "/other"]])
 def test_extra_args_cannot_bypass_serve_options(extra):
     with pytest.raises(ServeRefused, match="through serve's own options"):
-        build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", extra=extra, base_env={})
+        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", extra=extra, base_env={})
 
 
 def test_extra_running_requests_beyond_mamba_slots_refused():
     with pytest.raises(ServeRefused, match=r"--max-mamba-cache-size 16 admits only 4 of --max-running-requests 8.*32"):
-        build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d", extra=["--max-running-requests", "8"], base_env={})
-    ok = build_launch(PROFILES["thor"], SIDES["sglang"], model="/m", draft="/d",
+        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", extra=["--max-running-requests", "8"], base_env={})
+    ok = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d",
                       extra=["--max-running-requests=8", "--max-mamba-cache-size=32"], base_env={})
     assert ok.argv[-2:] == ["--max-running-requests=8", "--max-mamba-cache-size=32"]
 
 
 def test_expandable_segments_refused_for_vllm():
     with pytest.raises(ServeRefused, match="pidfd_getfd"):
-        build_launch(PROFILES["a100x4"], SIDES["vllm"], model="/m", base_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+        build_launch(PROFILES["vllm", "a100x4"], SIDES["vllm"], model="/m", base_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
 
 
 def test_unknown_profile_refused():
-    with pytest.raises(ServeRefused, match="unknown vllm profile 'thor'; known: a100x4"):
-        get_profile("thor", "vllm")
+    with pytest.raises(ServeRefused, match="unknown vllm profile 'discrete-gpu'; known: a100x4, thor"):
+        get_profile("discrete-gpu", "vllm")
 
 
 def test_serve_execs_with_exact_argv(tmp_path, monkeypatch):
     model = write_model(tmp_path / "model")
     calls = []
     args = _parser("sglang").parse_args(["serve", "--profile", "thor", "--model", str(model), "--served-name", "alias",
-                                         "--", "--enable-metrics"])
+                                         "--", "--log-requests"])
     monkeypatch.setenv("KEEP_ME", "1")
     rc = args.func(args, exec_fn=lambda f, argv, env: calls.append((f, argv, env)))
     assert rc == 0 and len(calls) == 1
@@ -148,7 +148,7 @@ def test_serve_execs_with_exact_argv(tmp_path, monkeypatch):
     assert f == sys.executable and argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
     paths = {"/m": str(model), "/m/mtp": f"{model}/mtp"}
     assert argv[3:] == [paths.get(x, x) for x in THOR_ARGS] + [
-        "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "alias", "--enable-metrics"]
+        "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "alias", "--log-requests"]
     assert env["KEEP_ME"] == "1" and env["SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB"] == "32"
 
 

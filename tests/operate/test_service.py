@@ -31,7 +31,7 @@ def test_systemd_unit_matches_writeup(capsys):
         "After=network-online.target\n\n[Service]\nType=simple\nUser=nvidia\nGroup=nvidia\n"
         "WorkingDirectory=/home/nvidia\nEnvironment=HOME=/home/nvidia\n"
         "ExecStart=/home/nvidia/.local/bin/sglang-ssd-stream serve --profile thor --model /home/nvidia/models/Q "
-        "--host 127.0.0.1 --served-name Qwen/Qwen3.6-27B-NVFP4\n"
+        "--host 127.0.0.1 --mtp on --served-name Qwen/Qwen3.6-27B-NVFP4\n"
         "Restart=on-failure\nRestartSec=10\nTimeoutStopSec=90\nKillMode=control-group\nLimitMEMLOCK=infinity\n"
         "StandardOutput=journal\nStandardError=journal\nSyslogIdentifier=qwen38-ssd-stream\n\n"
         "[Install]\nWantedBy=multi-user.target\n")
@@ -46,7 +46,7 @@ def test_systemd_open_bind_needs_key_file(tmp_path, capsys):
     with pytest.raises(ServeRefused, match="refusing to bind 0.0.0.0 without an API key"):
         args.func(args)
     out = _run("sglang", base + ["--api-key-file", "/etc/qwen/key"], capsys)
-    assert "--host 0.0.0.0 --api-key-file /etc/qwen/key\n" in out
+    assert "--host 0.0.0.0 --mtp on --api-key-file /etc/qwen/key\n" in out
 
 
 def test_systemd_quoting():
@@ -94,7 +94,7 @@ def _compose(**kw):
     args = dict(service="s", image="i", model_dir="/m", cache_dir="/c", port=None, publish="127.0.0.1",
                 require_api_key=False, allow_unauthenticated=False, served_names=(), gpus=("0", "1", "2", "3"))
     args.update(kw)
-    return render_compose(PROFILES["a100x4"], SIDES["vllm"], **args)
+    return render_compose(PROFILES["vllm", "a100x4"], SIDES["vllm"], **args)
 
 
 def test_compose_public_port_needs_key_which_stays_out_of_the_file():
@@ -118,7 +118,7 @@ def test_compose_chat_template_mounted():
 
 def test_compose_refuses_sglang_profile():
     with pytest.raises(ServeRefused, match="compose files are for the engines served from a container; SGLang profile thor"):
-        render_compose(PROFILES["thor"], SIDES["sglang"], service="s", image="i", model_dir="/m", cache_dir="/c", port=None,
+        render_compose(PROFILES["sglang", "thor"], SIDES["sglang"], service="s", image="i", model_dir="/m", cache_dir="/c", port=None,
                        publish="127.0.0.1", require_api_key=False, allow_unauthenticated=False, served_names=(),
                        gpus=("0",))
 

@@ -53,6 +53,7 @@ MAX_JOURNAL_BYTES = 1 << 20
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ROLLED_BACK = "rolled back: every file is as it was. Nothing was changed."
 
 
 class Interrupted(KitError):
@@ -304,6 +305,8 @@ class Transaction(StateView):
 
     def _step(self, step: str) -> None:
         """Before a write step: the seam, then any signal received since the last step."""
+        if self._rolling_back:
+            step = f"rollback: {step}"
         self._step_name = step
         self._checkpoint(step)
         if self._signal is not None and not self._rolling_back:
@@ -337,6 +340,7 @@ class Transaction(StateView):
             if self._signal is not None:
                 self._step("start")
         except BaseException as exc:
+            failed_step = self._step_name
             self._rolling_back = True
             self._undo_created()
             self._rolling_back = False
@@ -344,10 +348,10 @@ class Transaction(StateView):
             self._restore_signals()
             if isinstance(exc, KitError):
                 if isinstance(exc, Interrupted):
-                    raise Interrupted(f"{exc.message}; nothing was changed", exc.signum) from None
+                    raise Interrupted(f"{exc.message}; {ROLLED_BACK}", exc.signum) from None
                 raise
             if isinstance(exc, OSError):
-                raise EnvironmentProblem(f"cannot {self._step_name}: {errno_text(exc)}. Nothing was changed.") from None
+                raise EnvironmentProblem(f"cannot {failed_step}: {errno_text(exc)}; {ROLLED_BACK}") from None
             raise
         return self
 
@@ -485,8 +489,9 @@ class Transaction(StateView):
         sha = sha256_bytes(data)
         if self.has_backup(sha):
             return
+        if not _regular_or_link(self._backups_fd, sha):  # a new name: a rollback removes it again
+            self._created_backups.append(sha)
         self._atomic(self._backups_fd, sha, f"backup {sha[:12]}", data, mode, uid, gid)
-        self._created_backups.append(sha)
 
     # --- the journalled write
     def commit(self, writes: list[Write], op: str) -> None:
@@ -552,7 +557,7 @@ class Transaction(StateView):
                 ) from None
             raise EnvironmentProblem(f"{cause}. Nothing was changed, but a temporary file could not be removed "
                                      f"({'; '.join(problems)}); the next patch command removes it.") from None
-        done = f"{cause}; rolled back: every file is as it was before `patch {op}`. Nothing was changed."
+        done = f"{cause}; {ROLLED_BACK}"
         if isinstance(exc, Interrupted):
             raise Interrupted(done, exc.signum) from None
         if isinstance(exc, OSError):
@@ -638,6 +643,17 @@ class Transaction(StateView):
         Without a journal, only removes leftover temps and side links of ours.
         """
         record = self.load_journal()
+        try:
+            return self._recover(record)
+        except OSError as exc:
+            what = (f"the journal {self.journal} is kept, and the files may be mixed, which every command refuses "
+                    f"to use" if record is not None else "nothing was changed")
+            raise EnvironmentProblem(
+                f"cannot finish the rollback of an interrupted patch command: cannot {self._step_name}: "
+                f"{errno_text(exc)}; {what}. Once the fault is gone, run `{self.engine.tool} patch status` with "
+                f"write access: it rolls every file back to pristine.") from None
+
+    def _recover(self, record) -> list[str]:
         for fd, name, label in self.leftovers():
             self._unlink(fd, name, f"leftover {label}")
         if record is None:

@@ -74,7 +74,7 @@ def test_fix_already_upstream_is_recognised(pinned, cache):
     landed = {p: (apply_file(b, parsed.files[p], path=p)[0] if p in parsed.files else b) for p, b in files.items()}
     report = analyse_release(pinned, "9.9.9", landed)
     assert report.patches[0].klass == "upstream"
-    kept = [p["id"] for p in report.candidate["patches"]]
+    kept = report.candidate["patches"]
     assert pinned.patches[0].id not in kept and kept == [p.id for p in pinned.patches[1:]]
 
 
@@ -88,15 +88,15 @@ def test_conflict_on_a_line_that_changed_between_releases(pinned, cache, tmp_pat
     i = next(i for i, line in enumerate(new_lines) if line.strip() and line.rstrip("\n") not in old_lines
              and i > 10)
     edited = new_lines[:i] + ["# probe edit\n"] + new_lines[i:]
-    diff = ("Description: probe\nOrigin: vendor\nForwarded: no\nTest: this test\n\n"
+    diff = ("Description: probe\nOrigin: vendor\nBug: none (a probe)\nForwarded: no\nLast-Update: 2026-12-01\n"
+            "Test: tests/sglang/test_drift_real_wheels.py\n\n"
             + "".join(difflib.unified_diff(new_lines, edited, f"a/{rel}", f"b/{rel}")))
     data = tmp_path / "data"
     (data / "patches" / "sglang").mkdir(parents=True)
     (data / "hashes").mkdir()
     (data / "patches" / "sglang" / "0001-probe.patch").write_text(diff)
-    manifest = {"engine": "sglang", "release": "0.5.23",
-                "patches": [{"id": "0001-probe", "order": 1, "diff": "patches/sglang/0001-probe.patch",
-                             "upstream": "none"}],
+    (data / "patches" / "sglang" / "series").write_text("0001-probe.patch\n")
+    manifest = {"engine": "sglang", "release": "0.5.23", "patches": ["0001-probe"],
                 "files": [{"path": rel, "pristine": _sha(new.encode()), "patched": _sha("".join(edited).encode()),
                            "patches": ["0001-probe"]}]}
     (data / "hashes" / "sglang-0.5.23.json").write_text(json.dumps(manifest))

@@ -1,0 +1,165 @@
+"""Every fault at every write step of apply and revert rolls back in the same process.
+
+Faults enter through the transaction's seam (Transaction._checkpoint, called before each write
+step): an OSError with the errno the real fault gives (EIO; ENOSPC, a full disk; EPERM, an
+immutable file; EROFS, a read-only mount), or a real SIGINT/SIGTERM sent to this process. One
+test per (command x step x fault). test_real_faults.py provokes the same faults for real.
+
+After the failed command returns, before any other command runs, the tree is exactly as before
+(bytes, modes, entries: the state directory an apply created is gone again), the exit is 4 naming
+the step's file and errno, or 130/143. A fault that lasts (it also hits the rollback) keeps the
+journal once one exists; status and verify then say so with exit 4, and once the fault is gone
+`status` rolls every file back to pristine.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+import pytest
+
+from sglang_ssd_stream.errors import EXIT_ENVIRONMENT, EXIT_OK
+from sglang_ssd_stream.patching.transaction import Transaction
+
+from .conftest import record_steps, run_cli, snapshot, write_kit
+
+APPLY, REVERT = record_steps("apply"), record_steps("revert")
+STEPS = {"apply": APPLY, "revert": REVERT}
+AFTER_COMMIT = "fsync-dir state (after the commit point)"
+ERRNO = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC, "EPERM": errno.EPERM, "EROFS": errno.EROFS}
+SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
+CASES = [(command, step) for command, steps in STEPS.items() for step in steps if step != AFTER_COMMIT]
+
+
+def _id(case):
+    return f"{case[0]}:{case[1]}".replace(" ", "_") if isinstance(case, tuple) else str(case)
+
+
+def inject(monkeypatch, at: str, fault: str, *, sticky: bool = False) -> dict:
+    """Fault at step ``at`` (and, sticky, at every step after it, the rollback's included)."""
+    state = {"hit": 0}
+
+    def checkpoint(self, step):
+        if step == at or (sticky and state["hit"]):
+            state["hit"] += 1
+            if fault in ERRNO:
+                raise OSError(ERRNO[fault], os.strerror(ERRNO[fault]))
+            if state["hit"] == 1:
+                os.kill(os.getpid(), SIGNALS[fault])
+
+    monkeypatch.setattr(Transaction, "_checkpoint", checkpoint)
+    return state
+
+
+def _kit(tmp_path, command):
+    kit = write_kit(tmp_path)
+    if command == "revert":
+        assert run_cli(kit, "apply")[0] == EXIT_OK
+    return kit
+
+
+def _states(kit):
+    return {rel: ("pristine" if kit.path(rel).read_text() == p else "patched" if kit.path(rel).read_text() == q
+                  else "other") for rel, (p, q) in kit.files.items()}
+
+
+def _leftovers(kit):
+    return [p for p in kit.site.rglob("*") if p.name.endswith((".sglang-ssd-stream-tmp", ".sglang-ssd-stream-orig"))]
+
+
+def test_the_seam_sees_every_write():
+    """The step lists the parametrisation runs over cover each kind of write of each file."""
+    for command, steps in STEPS.items():
+        for rel in ("sglang/srt/a.py", "sglang/srt/managers/b.py"):
+            for verb in ("create", "write", "chmod", "fsync", "link", "rename", "fsync-dir"):
+                assert f"{verb} {rel}" in steps, (command, verb, rel)
+            assert f"unlink {rel}.sglang-ssd-stream-orig" in steps
+        for verb in ("create", "write", "chmod", "fsync", "rename", "fsync-dir"):
+            assert f"{verb} journal" in steps
+        assert steps[-2:] == ["unlink journal", AFTER_COMMIT]
+    assert sum(s.startswith("rename backup") for s in APPLY) == 2 and APPLY[:4] == [
+        "mkdir .sglang-ssd-stream", "mkdir .sglang-ssd-stream/sglang", "mkdir .sglang-ssd-stream/sglang/backups",
+        "create .sglang-ssd-stream/sglang/lock"]
+    assert len(CASES) == len(APPLY) + len(REVERT) - 2
+
+
+@pytest.mark.parametrize("fault", [*ERRNO, *SIGNALS])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_fault_rolls_back_in_the_same_process(tmp_path, monkeypatch, case, fault):
+    command, step = case
+    kit = _kit(tmp_path, command)
+    before = snapshot(kit.site)
+    hit = inject(monkeypatch, step, fault)
+    rc, out, err = run_cli(kit, command)
+    assert hit["hit"] == 1
+    if fault in ERRNO:
+        assert rc == EXIT_ENVIRONMENT, (rc, err)
+        assert f"cannot {step}: {fault} ({os.strerror(ERRNO[fault])})" in err, err
+    else:
+        assert rc == 128 + SIGNALS[fault], (rc, err)
+        assert f"interrupted by {fault} before {step}" in err, err
+    assert "rolled back: every file is as it was" in err and "Traceback" not in err
+    assert snapshot(kit.site) == before  # bytes, modes, entries: no journal, temp, side link or new state dir
+
+
+@pytest.mark.parametrize("fault", list(ERRNO))
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_lasting_fault_keeps_the_journal_until_it_is_gone(tmp_path, monkeypatch, case, fault):
+    command, step = case
+    steps = STEPS[command]
+    kit = _kit(tmp_path, command)
+    start = _states(kit)
+    inject(monkeypatch, step, fault, sticky=True)
+    rc, out, err = run_cli(kit, command)
+    assert rc == EXIT_ENVIRONMENT and "Traceback" not in err, (rc, err)
+    assert f"cannot {step}: {fault}" in err
+    journal = kit.site / ".sglang-ssd-stream" / "sglang" / "journal.json"
+    journal_written = steps.index("rename journal") < steps.index(step)
+    assert journal.exists() == journal_written, err
+    if journal_written:
+        assert f"the journal {journal} is kept" in err and "patch status` with write access" in err
+        for verb in ("status", "verify"):  # while the fault lasts: exit 4, said plainly, no traceback
+            rc, out, err = run_cli(kit, verb)
+            assert rc == EXIT_ENVIRONMENT and "NOT RECOVERED" in out and "Traceback" not in err, (verb, rc, out, err)
+    else:
+        assert _states(kit) == start and "Nothing was changed" in err
+    monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)  # the fault is gone
+    rc, out, err = run_cli(kit, "status")
+    assert rc == EXIT_OK, err
+    assert set(_states(kit).values()) == ({"pristine"} if journal_written else set(start.values()))
+    assert not journal.exists() and not _leftovers(kit)
+    assert run_cli(kit, "apply")[0] == EXIT_OK and set(_states(kit).values()) == {"patched"}
+
+
+@pytest.mark.parametrize("fault", [*ERRNO, *SIGNALS])
+@pytest.mark.parametrize("command", ["apply", "revert"])
+def test_fault_after_the_commit_point_keeps_the_finished_change(tmp_path, monkeypatch, command, fault):
+    """Past the journal's removal nothing is rolled back: an fsync error is a warning (a crash could only
+    bring back the journal, whose recovery gives pristine, never a mix); a signal is reported as late."""
+    kit = _kit(tmp_path, command)
+    inject(monkeypatch, AFTER_COMMIT, fault)
+    rc, out, err = run_cli(kit, command)
+    done = {"apply": "patched", "revert": "pristine"}[command]
+    assert set(_states(kit).values()) == {done}
+    if fault in ERRNO:
+        assert rc == EXIT_OK and f"warning: could not fsync" in out and fault in out
+    else:
+        assert rc == 128 + SIGNALS[fault] and "after the command had finished its work" in err
+    assert not _leftovers(kit) and not (kit.site / ".sglang-ssd-stream" / "sglang" / "journal.json").exists()
+
+
+@pytest.mark.parametrize("fault", list(ERRNO))
+def test_recovery_fault_then_recovery(tmp_path, monkeypatch, fault):
+    """A journal left by a killed process: recovery under a lasting fault says pending (exit 4), then finishes."""
+    kit = write_kit(tmp_path)
+    inject(monkeypatch, "unlink sglang/srt/a.py.sglang-ssd-stream-orig", "EIO", sticky=True)
+    assert run_cli(kit, "apply")[0] == EXIT_ENVIRONMENT  # journal kept, files may be patched
+    inject(monkeypatch, "create sglang/srt/a.py", fault, sticky=True)
+    for verb in ("status", "verify", "apply", "revert"):
+        rc, out, err = run_cli(kit, verb)
+        assert rc == EXIT_ENVIRONMENT and "Traceback" not in err, (verb, rc, out, err)
+    monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)
+    assert run_cli(kit, "status")[0] == EXIT_OK
+    assert set(_states(kit).values()) == {"pristine"} and not _leftovers(kit)

@@ -19,7 +19,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from .operate import add_operate_commands
-    from .operate.model_view import add_model_view_commands
+    from .operate.model_cli import add_model_commands
     from .sglang.doctor import add_doctor_command
     from .sglang.side import SIDE as SGLANG_SIDE
     from .patching.cli import add_patch_commands
@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_patch_commands(sub, "sglang")
     sidecar = sub.add_parser("sidecar", help="build and verify PLE sidecars")
     add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=Parser))
-    model = sub.add_parser("model", help="build and check model views (checkpoint without PLE shards + sidecar)")
-    add_model_view_commands(model.add_subparsers(dest="verb", required=True, parser_class=Parser))
+    model = sub.add_parser("model", help="fetch, build and check model views (checkpoint without PLE shards + sidecar)")
+    add_model_commands(model.add_subparsers(dest="verb", required=True, parser_class=Parser))  # + fetch
     add_operate_commands(sub, SGLANG_SIDE)  # serve, plan, service, update-model, validate
     add_doctor_command(sub)
     return parser

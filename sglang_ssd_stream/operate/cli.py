@@ -35,8 +35,9 @@ def _resolve_model(args) -> tuple[str, str | None]:
     if model is None:
         state = read_state(args.data_dir or default_data_dir())
         if state is None:
-            raise ServeRefused("no --model and no state.json in the data dir; run update-model or pass --model")
-        model = state["snapshot"]
+            raise ServeRefused("no --model and no state.json in the data dir; run `model fetch` (or update-model) "
+                               "or pass --model")
+        model = state.get("view") or state["snapshot"]  # `model fetch` records the view it built
     model = os.path.abspath(model)
     draft = args.draft if getattr(args, "draft", None) else os.path.join(model, "mtp")
     return model, os.path.abspath(draft)

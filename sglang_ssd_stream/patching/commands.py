@@ -136,7 +136,7 @@ def status(target: Target, root: Path | None = None, command: str = "status", *,
     manifest, manifests = select_manifest(target, root)
     report = Report(command, target, manifest)
     with StateView(target.site_packages, manifest) as view:
-        journal = view.journal_exists()
+        journal = view.load_journal() is not None  # a journal we did not write is refused before any write
         leftovers = bool(view.leftovers())
     if journal or leftovers:
         try:
@@ -177,7 +177,7 @@ def _write(f: FileState, after: str, data: bytes) -> Write:
 
 def _pending(target: Target, manifest: Manifest) -> bool:
     with StateView(target.site_packages, manifest) as view:
-        return view.journal_exists() or bool(view.leftovers())
+        return view.load_journal() is not None or bool(view.leftovers())
 
 
 def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Report:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from ..errors import EnvironmentProblem
 from .engines import Engine
+from .files import errno_text
 
 # Runs in the target interpreter; find_spec on a top-level package does not execute its __init__.
 _PROBE = (
@@ -46,9 +48,16 @@ def installed_release(engine: Engine, site_packages: Path) -> str | None:
 
 def from_site_packages(engine: Engine, site_packages: str | os.PathLike) -> Target:
     site = Path(site_packages).absolute()
-    if not (site / engine.package).is_dir():
+    try:
+        is_package = stat.S_ISDIR(os.stat(site / engine.package).st_mode)
+        release = installed_release(engine, site) if is_package else None
+    except FileNotFoundError:
+        is_package = False
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot look into {site}: {errno_text(exc)}") from None
+    if not is_package:
         raise EnvironmentProblem(f"no {engine.package}/ package in {site}; is {engine.name} installed there?")
-    return Target(engine, site, installed_release(engine, site))
+    return Target(engine, site, release)
 
 
 def from_this_process(engine: Engine) -> Target:

@@ -1,8 +1,12 @@
 """SHA-256 verification of sidecar tables, done once per file version and remembered.
 
 A table is hashed in a streaming pass (fixed 8 MiB buffer, progress bar on stderr). A success is
-recorded in a small JSON cache keyed by ``(inode, size, mtime_ns)`` of the table file, so later
-starts skip the 47 GiB pass until the file changes. The cache sits next to the manifest
+recorded in a small JSON cache keyed by ``(device, inode, size, mtime_ns, ctime_ns)`` of the table
+file, so later starts skip the 47 GiB pass until the file changes. ``ctime`` is the part a user cannot
+set back (``os.utime`` restores mtime, not ctime; any write, chmod or link updates it), so an in-place
+edit with its mtime restored is re-hashed. What no stat key sees: a change made below the file system
+(raw block device, debugfs, media corruption), a root who moves the clock back, and file systems that
+do not keep ctime; ``sidecar verify`` (no cache) re-hashes everything. The cache sits next to the manifest
 (``.ssd-stream-verified.json``); when the artifact directory is read-only it falls back to
 ``$SGLANG_SSD_STREAM_HOME/sidecar-verify/`` (default ``~/.cache/sglang-ssd-stream``). Failures are
 never cached. Skipping verification needs an explicit ``no_verify=True``.
@@ -27,7 +31,7 @@ from .format import SidecarManifest, SidecarTable, load_manifest
 log = logging.getLogger(__name__)
 
 CACHE_NAME = ".ssd-stream-verified.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the key gained device and ctime_ns; older entries are re-hashed
 HASH_CHUNK = 8 << 20
 
 
@@ -71,7 +75,8 @@ def _fallback_cache_file(manifest: SidecarManifest, cache_dir: str | os.PathLike
 
 
 def _file_key(st: os.stat_result) -> dict:
-    return {"inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns}
 
 
 def _read_cache(path: Path) -> dict:
@@ -149,7 +154,7 @@ def verify_sidecar(
     Args:
         manifest: a loaded manifest, or the path of ``ssd-stream.json`` / its directory.
         no_verify: skip hashing entirely (explicit opt-out; logged as a warning).
-        use_cache: accept a cached success whose (inode, size, mtime_ns) still match; ``False``
+        use_cache: accept a cached success whose (device, inode, size, mtime_ns, ctime_ns) still match; ``False``
             forces a full re-check (``sidecar verify`` does this) and refreshes the cache.
         cache_dir: fallback cache directory when the artifact directory is not writable.
         progress: show a tqdm progress bar on stderr.
@@ -234,7 +239,7 @@ def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
             entries.pop(t.path, None)
             dirty = True
         else:
-            # Record the stat taken *before* hashing: a write during the pass changes mtime and
+            # Record the stat taken *before* hashing: a write during the pass changes mtime/ctime and
             # invalidates the entry.
             check = TableCheck(t.layer, t.path, "verified", t.sha256, actual, t.bytes, dt)
             entries[t.path] = {**key, "sha256": t.sha256}
@@ -258,5 +263,5 @@ def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
 
 
 def table_file_key(table: SidecarTable) -> dict:
-    """The (inode, size, mtime_ns) cache key of a table file (for adapters that log it)."""
+    """The (device, inode, size, mtime_ns, ctime_ns) cache key of a table file (for adapters that log it)."""
     return _file_key(os.stat(table.file))

@@ -1,4 +1,4 @@
-"""SHA-256 verification: real hashing, cached by (inode, size, mtime_ns), read-only fallback."""
+"""SHA-256 verification: real hashing, cached by (device, inode, size, mtime_ns, ctime_ns), read-only fallback."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -44,8 +45,8 @@ def test_verify_hashes_then_uses_cache(small, count_hashes, tmp_path):
     assert r1.cache_file == str(art / CACHE_NAME)
     entry = json.loads((art / CACHE_NAME).read_text())["tables"]["ple/layer-2.bin"]
     st = os.stat(art / "ple" / "layer-2.bin")
-    assert entry == {"inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                     "sha256": load_manifest(art).tables[0].sha256}
+    assert entry == {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                     "ctime_ns": st.st_ctime_ns, "sha256": load_manifest(art).tables[0].sha256}
     r2 = verify_sidecar(art, progress=False, cache_dir=tmp_path / "c")
     assert [c.status for c in r2.tables] == ["cached"] and len(count_hashes) == 1
     r3 = verify_sidecar(art, progress=False, use_cache=False, cache_dir=tmp_path / "c")
@@ -158,3 +159,36 @@ def test_concurrent_verifiers_hash_once(small, count_hashes, tmp_path):
     for t in threads:
         t.join()
     assert errors == [] and sorted(results) == ["cached", "cached", "verified"] and len(count_hashes) == 1
+
+
+def test_in_place_edit_with_mtime_restored_is_rehashed(small, count_hashes, tmp_path):
+    """Issue 15 item 8: flip a byte in place, put the mtime back with os.utime: the ctime still moved."""
+    _, art = small
+    _clear_cache(art)
+    table = art / "ple" / "layer-2.bin"
+    assert verify_sidecar(art, progress=False, cache_dir=tmp_path / "c").tables[0].status == "verified"
+    st = os.stat(table)
+    time.sleep(0.01)  # a ctime tick
+    with open(table, "r+b") as f:  # in place: same inode, same size
+        f.seek(12345)
+        byte = f.read(1)
+        f.seek(12345)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(table, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = os.stat(table)
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+    assert now.st_ctime_ns != st.st_ctime_ns
+    with pytest.raises(SidecarChecksumMismatch):
+        verify_sidecar(art, progress=False, cache_dir=tmp_path / "c")
+    assert len(count_hashes) == 2  # hashed again, not "cached"
+
+
+def test_cache_of_the_old_key_is_not_trusted(small, count_hashes, tmp_path):
+    """A version-1 cache (no device, no ctime) is a miss, whatever it says."""
+    _, art = small
+    st = os.stat(art / "ple" / "layer-2.bin")
+    (art / CACHE_NAME).write_text(json.dumps({"version": 1, "tables": {"ple/layer-2.bin": {
+        "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+        "sha256": load_manifest(art).tables[0].sha256}}}))
+    assert verify_sidecar(art, progress=False, cache_dir=tmp_path / "c").tables[0].status == "verified"
+    assert len(count_hashes) == 1

@@ -1,7 +1,11 @@
 """What the plugin does when ``VLLM_PLE_CPU_OFFLOAD=1``: guard, preflight, then arm the swap.
 
-The swap itself is a table of (module, callback) rows run by :mod:`.hook` right after vLLM
-imports the module, i.e. only in processes that build a qwen4_exp model:
+At ``register()`` (every vLLM process): the source verdict and the doctor's checks, the same
+:func:`.doctor.run_checks` that ``vllm-ple-offload doctor`` runs. Then, right after vLLM imports a
+module (:mod:`.post_import`, i.e. only in processes that build a qwen4_exp model): every watched
+vLLM function is checked as Python will call it (:mod:`.runtime_guard`); with a streamed backend
+the sidecar's SHA-256 is checked once per process (:func:`.doctor.require_verified_sidecar`,
+the shared verifier and its cache); then the swap:
 
 =====================================================  ==============================================
 ``vllm.models.qwen4_exp.nvidia.ngram_embedding``       ``Qwen4ExpPLEPinnedHostEmbedding`` -> our class
@@ -33,6 +37,10 @@ def install_nvidia(settings: env.PleSettings):
         from .embedding import RefusedDeviceEmbedding, RegisteredPinnedPLEEmbedding, StreamedPLEEmbedding, \
             select_backend
 
+        if settings.streaming:
+            from .doctor import require_verified_sidecar
+
+            require_verified_sidecar(settings)  # before any row can be read; once per process
         common = importlib.import_module(COMMON_MODULE)
         ours = (StreamedPLEEmbedding, RegisteredPinnedPLEEmbedding)
         current = getattr(module, "Qwen4ExpPLEPinnedHostEmbedding", None)
@@ -65,7 +73,7 @@ def activate(settings: env.PleSettings) -> None:
     from sglang_ssd_stream.findings import WARNING
     from sglang_ssd_stream.patching.guard import verdict
 
-    from . import doctor
+    from . import doctor, runtime_guard
 
     findings = verdict("vllm").findings(allow_unpatched=settings.allow_unpatched)
     findings += doctor.run_checks(settings, doctor.gather_facts(settings))
@@ -73,5 +81,16 @@ def activate(settings: env.PleSettings) -> None:
         if f.level == WARNING:
             log.warning("vllm-ple-offload: %s", f.line())
     doctor.raise_on_errors(findings)
-    post_import.when_imported(NVIDIA_MODULE, install_nvidia(settings))
-    post_import.when_imported(AMD_MODULE, refuse_rocm)
+    guard = runtime_guard.checks()
+    then = {NVIDIA_MODULE: install_nvidia(settings), AMD_MODULE: refuse_rocm}
+    for name in sorted(guard.keys() | then.keys()):
+        post_import.when_imported(name, _in_order(guard.get(name), then.get(name)))
+
+
+def _in_order(*callbacks):
+    """One post-import callback running ``callbacks`` in order (the guard's check before the swap)."""
+    def run(module) -> None:
+        for callback in callbacks:
+            if callback is not None:
+                callback(module)
+    return run

@@ -1,14 +1,17 @@
 """``vllm-ple-offload``: the vLLM-side command line (the patch core is shared with sglang-ssd-stream).
 
 ``patch status|verify|apply|revert|drift`` come from the shared patch core and ``serve``, ``plan``,
-``service``, ``validate`` from the shared operate commands; ``doctor`` runs the
-plugin's preflight and source-state guard for a configuration (the ``VLLM_PLE_*`` variables,
-overridden by the options) and exits 0 when nothing is an error, 4 otherwise.
+``service``, ``validate`` from the shared operate commands; ``doctor`` runs the plugin's checks on
+the configuration the plugin would see (the ``VLLM_PLE_*`` variables, parsed by the plugin's own
+parser; ``--backend``/``--sidecar`` set those variables first) plus the sidecar's SHA-256 and, with
+``-- <vllm serve flags>``, the graph-mode rule. Exit codes: the kit's findings rule (0 nothing
+refused, 2 refused, 64 bad command line); 4 when this runtime has no vLLM.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from sglang_ssd_stream import __version__
@@ -16,7 +19,21 @@ from sglang_ssd_stream.cli import Parser
 from sglang_ssd_stream.errors import KitError
 
 
+def _gib(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of GiB above 0")
+    return value
+
+
 def build_parser():
+    import argparse
+
     from sglang_ssd_stream.operate import add_operate_commands
     from sglang_ssd_stream.patching.cli import add_patch_commands
 
@@ -30,15 +47,21 @@ def build_parser():
     add_operate_commands(sub, VLLM_SIDE)  # serve, plan, service, validate
     doctor = sub.add_parser(
         "doctor", help="check this machine and vLLM install for a PLE backend; every problem names its fix",
-        description=f"Preflight of the vLLM PLE plugin: UVA, locked-memory limit, ptrace/expandable segments, "
-                    f"sidecar disk, vLLM source state. Reads the {env.PREFIX}* variables; options override them. "
-                    f"Exit 0: nothing refused (warnings allowed); 2: a check refused; 64: bad command line.")
-    doctor.add_argument("--backend", choices=env.BACKENDS, help=f"backend to check (default: {env.BACKEND} or "
-                        f"{env.DEFAULT_BACKEND})")
-    doctor.add_argument("--sidecar", metavar="PATH", help=f"ssd-stream.json or its directory (default: {env.SIDECAR})")
-    doctor.add_argument("--table-gib", type=float, metavar="GIB",
+        description=f"The vLLM PLE plugin's checks on the configuration it would see: the {env.PREFIX}* variables "
+                    f"(parsed by the plugin's own parser; --backend and --sidecar set them first, with "
+                    f"{env.CPU_OFFLOAD}=1 when it is unset), {env.PLUGINS_ENV}, vLLM's source state, UVA, "
+                    f"locked-memory limit, ptrace/expandable segments, the sidecar (sizes, SHA-256 with its "
+                    f"verified cache, disk), the fetch round, and with `-- <vllm serve flags>` the CUDA-graph mode. "
+                    f"Exit 0: nothing refused (warnings allowed); 2: a check refused; 4: no vLLM in this runtime; "
+                    f"64: bad command line.")
+    doctor.add_argument("--backend", choices=env.BACKENDS, help=f"set {env.BACKEND} for the check")
+    doctor.add_argument("--sidecar", metavar="PATH", help=f"set {env.SIDECAR} for the check")
+    doctor.add_argument("--table-gib", type=_gib, metavar="GIB",
                         help="bytes the pinned backend will pin per process (default: checked when vLLM loads)")
     doctor.add_argument("--json", action="store_true", help="print a JSON report on stdout")
+    doctor.add_argument("serve_args", nargs=argparse.REMAINDER,
+                        help="-- then the vllm serve flags of the launch (for the CUDA-graph mode; default: none, "
+                             "i.e. vLLM's default mode)")
     doctor.set_defaults(func=run_doctor)
     return parser
 
@@ -46,44 +69,46 @@ def build_parser():
 def run_doctor(args) -> int:
     import os
 
-    from sglang_ssd_stream.findings import as_json, exit_code
-    from sglang_ssd_stream.patching.guard import verdict
+    from sglang_ssd_stream.findings import as_json, exit_code, print_report
 
     from . import doctor, env
 
     environ = dict(os.environ)
-    assumed = environ.get(env.CPU_OFFLOAD) != "1"
-    if assumed:  # plugin off: check what turning it on would need
-        environ = {k: v for k, v in environ.items() if not k.startswith(env.PREFIX)}
-        environ[env.CPU_OFFLOAD] = "1"
+    assumed = []
     if args.backend:
         environ[env.BACKEND] = args.backend
-        if args.backend == env.PINNED:
-            for k in (env.SIDECAR, env.FETCH_WORKERS, env.ROWS_PER_TASK, env.STATS_INTERVAL):
-                environ.pop(k, None)
     if args.sidecar:
         environ[env.SIDECAR] = args.sidecar
-    settings = env.read_settings(environ)
+    if (args.backend or args.sidecar) and env.CPU_OFFLOAD not in environ:
+        environ[env.CPU_OFFLOAD] = "1"
+        assumed.append(f"{env.CPU_OFFLOAD}=1")
+    serve_args = list(args.serve_args or [])
+    if serve_args[:1] == ["--"]:
+        serve_args = serve_args[1:]
     need = int(args.table_gib * (1 << 30)) if args.table_gib else None
-    facts = doctor.gather_facts(settings)
-    findings = verdict("vllm").findings(allow_unpatched=settings.allow_unpatched)
-    findings += doctor.run_checks(settings, facts, need_bytes=need)
+    d = doctor.diagnose(environ, argv=serve_args, need_bytes=need, verify_sha=True)
+    checked = " ".join(f"{k}={environ[k]}" for k in env.present(environ)) or f"no {env.PREFIX}* variable"
     if args.json:
-        settings_doc = {"backend": settings.backend, "sidecar": str(settings.sidecar) if settings.sidecar else None,
-                        "plugin_enabled": not assumed}
-        print(json.dumps(as_json(doctor.facts_json(facts), findings, settings=settings_doc), indent=1, default=str))
+        settings_doc = {"variables": {k: environ[k] for k in env.present(environ)}, "assumed": assumed,
+                        "plugin_enabled": d.settings is not None, "error": d.settings_error,
+                        "backend": d.settings.backend if d.settings else None,
+                        "sidecar": str(d.settings.sidecar) if d.settings and d.settings.sidecar else None}
+        facts = doctor.facts_json(d.facts) if d.facts is not None else None
+        print(json.dumps(as_json(facts, d.findings, settings=settings_doc), indent=1, default=str))
     else:
-        from sglang_ssd_stream.findings import print_report
-
-        state = "assumed (the plugin is off)" if assumed else "from the environment"
-        print(f"vllm-ple-offload doctor: {settings.describe()} ({state})")
-        print_report(findings, tool="vllm-ple-offload")
-    return exit_code(findings)
+        how = f" (set for this check: {', '.join(assumed)})" if assumed else ""
+        print(f"vllm-ple-offload doctor: {checked}{how}")
+        print_report(d.findings, tool="vllm-ple-offload")
+    return exit_code(d.findings)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command in ("doctor", "serve"):  # both run vLLM's checks: without vLLM, say so (exit 4)
+            from .doctor import require_vllm
+
+            require_vllm()
         return args.func(args)
     except KitError as exc:
         print(f"vllm-ple-offload: {exc.message}", file=sys.stderr)

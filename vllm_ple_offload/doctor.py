@@ -16,25 +16,49 @@ kit's (:mod:`sglang_ssd_stream.findings`).
   fd import; the write-up removed it.
 - Sidecar disk: rows are random 4 KiB reads; network filesystems and spinning disks are
   warned about (the sidecar module refuses nothing for speed alone).
+- Sidecar: a manifest that does not load, or a table of the wrong size, is a refusal (a finding,
+  like every other, so the doctor's exit code stays the kit's rule). The tables' SHA-256 is checked
+  once per process by the plugin before the embedding is built (:func:`verify_sidecar_once`, the
+  shared verifier and its verified cache), and by ``doctor``; ``VLLM_PLE_NO_VERIFY=1`` skips it and
+  is reported as a warning.
+- Fetch round: ``VLLM_PLE_FETCH_WORKERS x VLLM_PLE_ROWS_PER_TASK x`` row bytes sizes the ``pread``
+  buffer of every table; above :data:`~.env.MAX_FETCH_ROUND_BYTES` it is refused naming the knob.
+- Graph mode (``serve`` and ``doctor -- <vllm flags>``): the streamed backends refuse FULL CUDA
+  graphs (:func:`full_graph_refusal`, the rule the embedding applies at model build); the mode is
+  read from the launch flags with vLLM's own parser.
+- ``VLLM_PLUGINS``: an allowlist that leaves out ``ple_offload`` while ``VLLM_PLE_*`` is set means
+  vLLM never runs the plugin, which then cannot refuse anything itself: refused here.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
+from sglang_ssd_stream.errors import EnvironmentProblem, KitError
 from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, errors_of, refusal_text
 
 from . import env
-from .errors import PreflightFailed
+from .errors import PleSettingsError, PreflightFailed
 
 CAP_IPC_LOCK, CAP_SYS_PTRACE = 14, 19
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch >= 2.9 reads both
 MEMLOCK_FIX = ("raise the locked-memory limit: docker run --ulimit memlock=-1, compose `ulimits: memlock: -1`, "
                "systemd LimitMEMLOCK=infinity, or `ulimit -l unlimited` in the launching shell")
+INSTALL_FIX = "./install.sh --engine vllm"  # the vLLM runtime (side.install_hint)
+SETTINGS_FIX = f"fix the {env.PREFIX}* variables (README: vLLM)"
+SIDECAR_FIX = (f"point {env.SIDECAR} at the ssd-stream.json that `sglang-ssd-stream sidecar build` wrote, with "
+               f"every table beside it at its full size (`sglang-ssd-stream sidecar verify DIR` checks it)")
+FULL_GRAPH_MESSAGE = (
+    "{backend} PLE backend: the lookup reads rows on the host every step, which a FULL CUDA graph cannot replay; "
+    "start vLLM with --compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}' (breakable graphs then run the "
+    "lookup eagerly) or --enforce-eager, or use " + env.BACKEND + "=pinned")
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,8 @@ class Facts:
     seccomp_filter: bool  # a seccomp filter is active (docker's default profile blocks pidfd_getfd)
     alloc_conf: dict = field(default_factory=dict)  # variable -> value, for those set
     disks: tuple[DiskFacts, ...] = ()
+    row_bytes: dict = field(default_factory=dict)  # sidecar layer -> bytes per row
+    sidecar_error: str | None = None  # the sidecar's manifest or a table did not load
 
     @property
     def expandable_segments(self) -> bool:
@@ -95,14 +121,27 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def sidecar_disks(settings: env.PleSettings) -> tuple[DiskFacts, ...]:
+def sidecar_disks(settings: env.PleSettings, manifest=None) -> tuple[DiskFacts, ...]:
     """Load the sidecar manifest (refusing a bad one) and classify the disks of its tables."""
     from sglang_ssd_stream.sidecar.format import load_manifest
     from sglang_ssd_stream.sidecar.storage import classify_disk
 
-    manifest = load_manifest(settings.sidecar)
+    manifest = manifest or load_manifest(settings.sidecar)
     disks = [classify_disk(table.file) for table in manifest.tables]
     return tuple(DiskFacts(d.path, d.fstype, d.kind) for d in disks)
+
+
+def _sidecar_facts(settings: env.PleSettings | None) -> dict:
+    if settings is None or not settings.streaming:
+        return {}
+    from sglang_ssd_stream.sidecar.format import load_manifest
+
+    try:
+        manifest = load_manifest(settings.sidecar)  # sizes checked: a truncated table is refused here
+        return {"disks": sidecar_disks(settings, manifest),
+                "row_bytes": {t.layer: t.row_bytes for t in manifest.tables}}
+    except KitError as exc:
+        return {"sidecar_error": exc.message}
 
 
 def _platform() -> tuple[bool, str]:
@@ -127,7 +166,7 @@ def gather_facts(settings: env.PleSettings | None, environ: Mapping[str, str] | 
         yama_ptrace_scope=_read_int("/proc/sys/kernel/yama/ptrace_scope"),
         seccomp_filter=status.get("Seccomp", "0").strip() == "2",
         alloc_conf={k: environ[k] for k in ALLOC_CONF_VARS if k in environ},
-        disks=sidecar_disks(settings) if settings is not None and settings.streaming else (),
+        **_sidecar_facts(settings),
     )
 
 
@@ -150,8 +189,52 @@ def check_memlock(facts: Facts, need_bytes: int | None, what: str) -> Finding:
     return Finding(OK, "memlock", f"limit {fmt_bytes(facts.memlock_bytes)} covers {fmt_bytes(need_bytes)}")
 
 
+def check_sidecar(settings: env.PleSettings, facts: Facts) -> list[Finding]:
+    """The sidecar loads with full-size tables; the SHA-256 opt-out is said out loud."""
+    if not settings.streaming:
+        return []
+    if facts.sidecar_error:
+        return [Finding(ERROR, "sidecar", facts.sidecar_error, SIDECAR_FIX)]
+    out = [Finding(OK, "sidecar", f"{settings.sidecar}: {len(facts.row_bytes)} table(s), sizes as the manifest says")]
+    if settings.no_verify:
+        out.append(Finding(WARNING, "sidecar_sha", f"{env.NO_VERIFY}=1: the tables' SHA-256 is not checked, so a "
+                           f"corrupted row would be served", f"unset {env.NO_VERIFY} (the check runs once; its "
+                           f"result is cached until a table changes)"))
+    return out
+
+
+def check_fetch_round(settings: env.PleSettings, facts: Facts) -> Finding | None:
+    """One fetch round (workers x rows per task x row bytes) must fit :data:`~.env.MAX_FETCH_ROUND_BYTES`."""
+    from sglang_ssd_stream.staging.host_memory import fmt_bytes
+
+    if not settings.streaming or not facts.row_bytes:
+        return None
+    row = max(facts.row_bytes.values())
+    need, limit = env.fetch_round_bytes(settings, row), env.MAX_FETCH_ROUND_BYTES
+    what = (f"{env.FETCH_WORKERS} x {env.ROWS_PER_TASK} x row bytes = {settings.fetch_workers} x "
+            f"{settings.rows_per_task:,} x {row} B = {fmt_bytes(need)}")
+    if need <= limit:
+        return Finding(OK, "fetch_round", f"{what} per table (limit {fmt_bytes(limit)})")
+    # Name the knob raised furthest above its default, with the most that fits beside the other.
+    rows_fit = limit // (settings.fetch_workers * row)
+    workers_fit = limit // (settings.rows_per_task * row)
+    rows_first = settings.rows_per_task / env.DEFAULT_ROWS_PER_TASK >= settings.fetch_workers / env.DEFAULT_FETCH_WORKERS
+    if (rows_first or workers_fit < 1) and rows_fit >= 1:
+        fix = f"lower {env.ROWS_PER_TASK} to at most {rows_fit:,}"
+    elif workers_fit >= 1:
+        fix = f"lower {env.FETCH_WORKERS} to at most {workers_fit:,}"
+    else:
+        fix = f"set {env.FETCH_WORKERS}=1 and {env.ROWS_PER_TASK} to at most {max(limit // row, 1):,}"
+    return Finding(ERROR, "fetch_round", f"{what} per table and process: the {env.PREAD} backend's read buffer holds "
+                   f"a whole round (the {env.MMAP} backend's index arrays grow with it); the limit is {fmt_bytes(limit)}",
+                   fix + f" (defaults {env.DEFAULT_FETCH_WORKERS} x {env.DEFAULT_ROWS_PER_TASK:,})")
+
+
 def run_checks(settings: env.PleSettings, facts: Facts, *, need_bytes: int | None = None) -> list[Finding]:
-    findings: list[Finding] = []
+    findings: list[Finding] = check_sidecar(settings, facts)
+    fetch = check_fetch_round(settings, facts)
+    if fetch is not None:
+        findings.append(fetch)
     if facts.uva:
         findings.append(Finding(OK, "uva", f"{facts.platform}: pinned host memory and UVA available"))
     elif settings.streaming:
@@ -213,24 +296,224 @@ def facts_json(facts: Facts) -> dict:
     return {**asdict(facts), "expandable_segments": facts.expandable_segments, "ptrace_permitted": facts.ptrace_permitted}
 
 
-def preflight(*, profile: str, model: str, draft: str | None, env: Mapping[str, str],
-              argv=()) -> list[Finding]:
-    """``serve``'s seam (``side.preflight``): the vLLM source verdict and, when the launch environment
-    turns the plugin on, the same checks the plugin runs at start-up."""
+# ----------------------------------------------------------------------------- sidecar SHA-256
+
+
+_verified_lock = threading.Lock()
+_verified: dict[str, Finding] = {}
+
+
+def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> Finding:
+    """The sidecar tables' SHA-256, checked once per process (the shared verifier and its verified
+    cache: a later start that finds every table unchanged since a success re-reads nothing).
+
+    ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this where the model is built,
+    before the streamed embedding is swapped in, and refuses on an error finding."""
+    from sglang_ssd_stream.sidecar.format import load_manifest
+    from sglang_ssd_stream.sidecar.verify import verify_sidecar
+
+    if settings.no_verify:
+        return Finding(WARNING, "sidecar_sha", f"not checked: {env.NO_VERIFY}=1", f"unset {env.NO_VERIFY}")
+    key = os.path.realpath(settings.sidecar)
+    with _verified_lock:
+        if key in _verified:
+            return _verified[key]
+        try:
+            report = verify_sidecar(load_manifest(settings.sidecar), progress=progress)
+        except KitError as exc:
+            found = Finding(ERROR, "sidecar_sha", exc.message,
+                            "rebuild or re-copy the sidecar (sglang-ssd-stream sidecar build / sidecar verify); "
+                            f"never serve it with {env.NO_VERIFY}=1")
+        else:
+            cached = sum(t.status == "cached" for t in report.tables)
+            found = Finding(OK, "sidecar_sha", f"{len(report.tables)} table(s) match the manifest's SHA-256 "
+                            f"({cached} from the verified cache {report.cache_file})")
+        _verified[key] = found
+        return found
+
+
+def require_verified_sidecar(settings: env.PleSettings) -> None:
+    """:func:`verify_sidecar_once`, raising :class:`PreflightFailed` on a mismatch (the plugin's use)."""
+    import logging
+
+    from . import LOGGER_NAME
+
+    found = verify_sidecar_once(settings)
+    if found.level == WARNING:
+        logging.getLogger(LOGGER_NAME).warning("vllm-ple-offload: %s", found.line())
+    raise_on_errors([found])
+
+
+# ----------------------------------------------------------------------------- graph mode
+
+
+def full_graph_refusal(settings: env.PleSettings, mode) -> str | None:
+    """The one rule on CUDA graphs (the embedding's build and the preflight apply it): a streamed
+    backend refuses a ``cudagraph_mode`` with FULL graphs. ``mode`` is vLLM's ``CUDAGraphMode``."""
+    if settings.streaming and mode is not None and mode.has_full_cudagraphs():
+        return f"cudagraph_mode={mode.name}: " + FULL_GRAPH_MESSAGE.format(backend=settings.backend)
+    return None
+
+
+def _serve_flags(argv: Sequence[str]) -> list[str]:
+    """The flags of a ``vllm serve`` line (after ``serve``; all of ``argv`` when it has no ``serve``)."""
+    argv = [str(a) for a in argv]
+    return argv[argv.index("serve") + 1:] if "serve" in argv else argv
+
+
+@contextmanager
+def _ple_env_hidden():
+    """vLLM's parser runs the general plugins in this process (``load_general_plugins``); ours would
+    judge this process's environment, not the one under check: it sees no ``VLLM_PLE_*`` meanwhile."""
+    hidden = {k: os.environ.pop(k) for k in env.present(os.environ)}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+
+
+def requested_cudagraph_mode(argv: Sequence[str]):
+    """(``CUDAGraphMode``, where it comes from) for a ``vllm serve`` line, read with vLLM's own parser.
+
+    ``--enforce-eager`` means NONE; else ``cudagraph_mode`` from ``--compilation-config``/``-cc``;
+    else vLLM's default for the optimization level (``-O``, default O2: FULL_AND_PIECEWISE). vLLM
+    may still lower the mode later for reasons of its own (platform, pooling models, dynamic
+    speculative decoding); the preflight judges what the line asks for.
+
+    Raises:
+        PleSettingsError: vLLM's parser refuses the flags.
+    """
+    from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG, OptimizationLevel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    class _Parser(FlexibleArgumentParser):
+        def error(self, message):
+            raise PleSettingsError(f"vLLM's parser refuses the serve flags: {message}")
+
+    flags = _serve_flags(argv)
+    try:
+        with _ple_env_hidden():
+            args = make_arg_parser(_Parser(prog="vllm serve")).parse_args(flags)
+            engine = EngineArgs.from_cli_args(args)
+    except PleSettingsError:
+        raise
+    except SystemExit as exc:  # --help, --version and the like
+        raise PleSettingsError(f"vLLM's parser exited on the serve flags {flags} (code {exc.code})") from None
+    except (TypeError, ValueError) as exc:
+        raise PleSettingsError(f"vLLM's parser refuses the serve flags: {exc}") from None
+    except RuntimeError as exc:  # e.g. no device platform on this host: vLLM cannot build its parser here
+        raise EnvironmentProblem(f"vLLM cannot read the serve flags on this host ({exc})") from None
+    if engine.enforce_eager:
+        from vllm.config.compilation import CUDAGraphMode
+
+        return CUDAGraphMode.NONE, "--enforce-eager"
+    if engine.compilation_config.cudagraph_mode is not None:
+        return engine.compilation_config.cudagraph_mode, "--compilation-config"
+    level = OptimizationLevel(int(engine.optimization_level))
+    return OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["cudagraph_mode"], \
+        f"vLLM's default at -O{int(level)}"
+
+
+def check_cudagraph_mode(settings: env.PleSettings, argv: Sequence[str]) -> Finding | None:
+    if not settings.streaming:
+        return None
+    try:
+        mode, source = requested_cudagraph_mode(argv)
+    except PleSettingsError as exc:
+        return Finding(ERROR, "cudagraph_mode", exc.message, "fix the vllm serve flags")
+    except EnvironmentProblem as exc:  # the plugin still refuses FULL graphs when the model is built
+        return Finding(WARNING, "cudagraph_mode", f"not checked: {exc.message}; the plugin refuses FULL CUDA graphs "
+                       f"when vLLM builds the model", "run the check on the GPU host")
+    refusal = full_graph_refusal(settings, mode)
+    if refusal:
+        return Finding(ERROR, "cudagraph_mode", f"{refusal} (the mode comes from {source})",
+                       "add --compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or --enforce-eager to the "
+                       "vllm serve flags")
+    return Finding(OK, "cudagraph_mode", f"{mode.name} (from {source})")
+
+
+# ----------------------------------------------------------------------------- the launch environment
+
+
+def require_vllm() -> None:
+    """Refuse (exit 4) in a runtime without vLLM: e.g. the kit installed in the SGLang runtime."""
+    import importlib.util
+
+    from sglang_ssd_stream.patching.engines import ENGINES
+
+    if importlib.util.find_spec("vllm") is None:
+        raise EnvironmentProblem(
+            f"vLLM is not installed in this runtime ({sys.executable}); vllm-ple-offload checks and serves "
+            f"vllm {ENGINES['vllm'].pinned}: install its runtime with {INSTALL_FIX} and use the vllm-ple-offload "
+            f"there")
+
+
+def check_plugin_allowed(environ: Mapping[str, str]) -> Finding | None:
+    """``VLLM_PLE_*`` set but ``VLLM_PLUGINS`` leaving us out: vLLM would silently run its own PLE path."""
+    names = env.present(environ)
+    if not names:
+        return None
+    if env.plugin_excluded(environ):
+        return Finding(ERROR, "plugin_allowlist",
+                       f"{env.PLUGINS_ENV}={environ[env.PLUGINS_ENV]!r} does not name {env.PLUGIN_NAME}, so vLLM never "
+                       f"runs this plugin and ignores {', '.join(names)}: it would keep the whole PLE table per rank "
+                       f"its own way while you believe the offload is on",
+                       f"add {env.PLUGIN_NAME} to {env.PLUGINS_ENV} (comma-separated, no spaces), or unset "
+                       f"{env.PLUGINS_ENV}")
+    where = "unset" if env.PLUGINS_ENV not in environ else f"names {env.PLUGIN_NAME}"
+    return Finding(OK, "plugin_allowlist", f"{env.PLUGINS_ENV} {where}: vLLM runs this plugin")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    settings: env.PleSettings | None  # None: the plugin is off, or the variables are refused
+    settings_error: str | None
+    facts: Facts | None
+    findings: list
+
+
+def diagnose(environ: Mapping[str, str], *, argv: Sequence[str] | None = None, need_bytes: int | None = None,
+             verify_sha: bool = False) -> Diagnosis:
+    """Every check for a launch environment (and its ``vllm serve`` flags, when given), parsed by the
+    plugin's own parser: what the plugin would refuse, this refuses.
+
+    ``argv=None`` skips the graph-mode check; ``verify_sha`` hashes the sidecar (the doctor does,
+    ``serve``'s preflight leaves it to the plugin and its cache)."""
     from sglang_ssd_stream.patching.guard import verdict
 
-    from . import env as ple_env
-    from .errors import PleSettingsError
-
+    require_vllm()
+    findings: list[Finding] = []
+    settings = error = None
     try:
-        settings = ple_env.read_settings(env)
+        settings = env.read_settings(environ)
     except PleSettingsError as exc:
-        return [Finding(ERROR, "settings", exc.message, "fix the VLLM_PLE_* variables (README: vLLM)")]
-    source = verdict("vllm")
-    findings = source.findings(allow_unpatched=bool(settings and settings.allow_unpatched))
-    if source.state == "error":
-        return findings  # no vLLM to check against in this runtime
+        error = exc.message
+        findings.append(Finding(ERROR, "settings", exc.message, SETTINGS_FIX))
+    allowed = check_plugin_allowed(environ)
+    if allowed is not None:
+        findings.append(allowed)
+    findings += verdict("vllm").findings(allow_unpatched=bool(settings and settings.allow_unpatched))
+    if error is not None:
+        return Diagnosis(None, error, None, findings)
+    facts = gather_facts(settings, environ)
     if settings is None:
-        return findings + [Finding(OK, "ple_offload", f"{ple_env.CPU_OFFLOAD} is off: vLLM keeps its own PLE path")]
-    return findings + run_checks(settings, gather_facts(settings, env))
+        findings.append(Finding(OK, "ple_offload", f"no {env.PREFIX}* variable: the plugin is off and vLLM keeps "
+                                f"its own PLE path (set {env.CPU_OFFLOAD}=1 to offload the table)"))
+        return Diagnosis(None, None, facts, findings)
+    findings.append(Finding(OK, "settings", settings.describe()))
+    findings += run_checks(settings, facts, need_bytes=need_bytes)
+    if argv is not None:
+        graphs = check_cudagraph_mode(settings, argv)
+        if graphs is not None:
+            findings.append(graphs)
+    if verify_sha and settings.streaming and not facts.sidecar_error and not settings.no_verify:
+        findings.append(verify_sidecar_once(settings))
+    return Diagnosis(settings, None, facts, findings)
 
+
+def preflight(*, profile: str, model: str, draft: str | None, env: Mapping[str, str],
+              argv=()) -> list[Finding]:
+    """``serve``'s seam (``side.preflight``): :func:`diagnose` on the launch environment and line."""
+    return diagnose(env, argv=list(argv)).findings

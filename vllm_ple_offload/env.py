@@ -12,7 +12,14 @@ configuration would otherwise be ignored silently. ``1`` selects a backend:
              working set) instead of page faults: SGLang's ``SGLANG_SSD_STREAM_IO=pread``.
              (Called ``sidecar`` before; that name is refused with the new one.)
 
-Any unknown ``VLLM_PLE_*`` name is refused (a typo would otherwise be ignored).
+Any unknown ``VLLM_PLE_*`` name is refused (a typo would otherwise be ignored). Numbers and
+switches follow one strict rule: ASCII digits only (no sign, space, ``_`` or other scripts' digits).
+
+The plugin (every vLLM process), ``vllm-ple-offload doctor`` and ``serve``'s preflight all parse
+with :func:`read_settings`, so the doctor checks exactly the configuration the plugin sees.
+vLLM only runs the plugin when its ``VLLM_PLUGINS`` allowlist is unset or names
+:data:`PLUGIN_NAME`; :func:`plugin_excluded` reads that list exactly as vLLM 0.33 does
+(``os.environ["VLLM_PLUGINS"].split(",")``, nothing stripped).
 """
 
 from __future__ import annotations
@@ -31,12 +38,22 @@ SIDECAR = "VLLM_PLE_SIDECAR"
 FETCH_WORKERS = "VLLM_PLE_FETCH_WORKERS"
 ROWS_PER_TASK = "VLLM_PLE_ROWS_PER_TASK"
 STATS_INTERVAL = "VLLM_PLE_STATS_INTERVAL"
+NO_VERIFY = "VLLM_PLE_NO_VERIFY"  # "1": skip the sidecar's one-time SHA-256 check (explicit opt-out)
 ALLOW_UNPATCHED = "VLLM_PLE_ALLOW_UNPATCHED"
-KNOWN = (CPU_OFFLOAD, BACKEND, SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, ALLOW_UNPATCHED)
+KNOWN = (CPU_OFFLOAD, BACKEND, SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ALLOW_UNPATCHED)
+STREAMING_ONLY = (SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY)
+
+# vLLM's plugin allowlist and our entry point's name in it (pyproject: vllm.general_plugins).
+PLUGINS_ENV = "VLLM_PLUGINS"
+PLUGIN_NAME = "ple_offload"
 
 PINNED, MMAP, PREAD = "pinned", "mmap", "pread"
 BACKENDS = (PINNED, MMAP, PREAD)
 STREAMING_BACKENDS = (MMAP, PREAD)
+# Streamed backends whose lookups may be captured in FULL CUDA graphs (vLLM 0.33's default is
+# FULL_AND_PIECEWISE): bit-exact for both on the H200, but only mmap's captured reads stay hidden behind a
+# decode layer; pread's expose 0.2-0.9 ms per PLE layer at 256-1,024 rows (benchmarks/vllm_ple/README.md).
+FULL_GRAPH_BACKENDS = (MMAP,)
 RENAMED_BACKENDS = {"sidecar": PREAD}  # old name -> new: refused with the new name
 DEFAULT_BACKEND = PINNED
 
@@ -46,6 +63,10 @@ DEFAULT_ROWS_PER_TASK = 2048
 MAX_FETCH_WORKERS = 256
 MAX_ROWS_PER_TASK = 1 << 20
 MAX_STATS_INTERVAL = 1 << 30
+# One fetch round is FETCH_WORKERS x ROWS_PER_TASK rows of one table; the pread backend's page
+# buffer holds a whole round (and the mmap backend's index arrays scale with it), per table and
+# process. 256 MiB is 34x the Thor default (24 x 2,048 x 160 B = 7.5 MiB).
+MAX_FETCH_ROUND_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,7 @@ class PleSettings:
     rows_per_task: int
     stats_interval: int  # lookups between timing log lines; 0 = never
     allow_unpatched: bool
+    no_verify: bool = False  # skip the sidecar's SHA-256 check (streaming backends only)
 
     @property
     def streaming(self) -> bool:
@@ -67,19 +89,23 @@ class PleSettings:
         if not self.streaming:
             return f"backend={self.backend}"
         return (f"backend={self.backend} sidecar={self.sidecar} fetch_workers={self.fetch_workers} "
-                f"rows_per_task={self.rows_per_task}")
+                f"rows_per_task={self.rows_per_task}" + (" sha256_check=off" if self.no_verify else ""))
+
+
+def _digits(name: str, raw: str, expected: str) -> int:
+    """The one rule for numbers and switches: ASCII digits only (``int()`` would take ``+8``, ``1_6``, `` 8 ``, ``٨``)."""
+    if not (raw.isascii() and raw.isdigit()):
+        raise PleSettingsError(f"{name}={raw!r} is not {expected} (ASCII digits only)")
+    return int(raw, 10)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     raw = environ.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        raise PleSettingsError(f"{name}={raw!r} is not an integer (expected {lo}..{hi})") from None
+    value = _digits(name, raw, f"an integer {lo}..{hi}")
     if not lo <= value <= hi:
-        raise PleSettingsError(f"{name}={value} is out of range {lo}..{hi}")
+        raise PleSettingsError(f"{name}={raw} is out of range {lo}..{hi}")
     return value
 
 
@@ -92,6 +118,23 @@ def _flag(environ: Mapping[str, str], name: str) -> bool:
     return raw == "1"
 
 
+def present(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``VLLM_PLE_*`` names set in ``environ`` (sorted)."""
+    env = os.environ if environ is None else environ
+    return sorted(k for k in env if k.startswith(PREFIX))
+
+
+def plugin_excluded(environ: Mapping[str, str] | None = None) -> bool:
+    """True when vLLM's ``VLLM_PLUGINS`` allowlist is set and does not name our plugin (vLLM 0.33's parse)."""
+    env = os.environ if environ is None else environ
+    return PLUGINS_ENV in env and PLUGIN_NAME not in env[PLUGINS_ENV].split(",")
+
+
+def fetch_round_bytes(settings: "PleSettings", row_bytes: int) -> int:
+    """Bytes of one fetch round of a table with ``row_bytes`` rows (the pread buffer's size)."""
+    return settings.fetch_workers * settings.rows_per_task * int(row_bytes)
+
+
 def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | None:
     """Parse the ``VLLM_PLE_*`` variables; ``None`` when the plugin is off.
 
@@ -99,12 +142,12 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         PleSettingsError: unknown variable, bad value, or variables that contradict each other.
     """
     env = os.environ if environ is None else environ
-    present = sorted(k for k in env if k.startswith(PREFIX))
-    unknown = [k for k in present if k not in KNOWN]
+    names = present(env)
+    unknown = [k for k in names if k not in KNOWN]
     if unknown:
         raise PleSettingsError(f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(KNOWN)}")
     switch = env.get(CPU_OFFLOAD)
-    others = [k for k in present if k != CPU_OFFLOAD]
+    others = [k for k in names if k != CPU_OFFLOAD]
     if switch not in (None, "0", "1"):
         raise PleSettingsError(f"{CPU_OFFLOAD}={switch!r} must be 0 or 1")
     if switch != "1":
@@ -122,7 +165,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         raise PleSettingsError(f"{BACKEND}={backend!r} is not a PLE backend; choose one of {', '.join(BACKENDS)}")
     streaming = backend in STREAMING_BACKENDS
     if not streaming:
-        extra = [k for k in (SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL) if k in env]
+        extra = [k for k in STREAMING_ONLY if k in env]
         if extra:
             raise PleSettingsError(f"{', '.join(extra)} only apply to the {' and '.join(STREAMING_BACKENDS)} "
                                    f"backends, not to {BACKEND}={backend}")
@@ -137,4 +180,5 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         rows_per_task=_int(env, ROWS_PER_TASK, DEFAULT_ROWS_PER_TASK, 1, MAX_ROWS_PER_TASK),
         stats_interval=_int(env, STATS_INTERVAL, 0, 0, MAX_STATS_INTERVAL),
         allow_unpatched=_flag(env, ALLOW_UNPATCHED),
+        no_verify=_flag(env, NO_VERIFY),
     )

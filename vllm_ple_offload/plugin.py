@@ -6,19 +6,21 @@ exception raised while importing this module, so the top level is stdlib-only; a
 raised inside ``register()`` propagates, and every failure here becomes ``SystemExit`` so the
 process stops instead of serving without the configured PLE backend.
 
+The refusal is printed once, by whoever ends the process: the interpreter for the CLI/API
+server process, Python's ``multiprocessing`` bootstrap for the engine-core and worker processes
+(both re-raise ``SystemExit``; the bootstrap writes a string code to stderr). So ``_fatal`` raises
+and never prints itself.
+
 With ``VLLM_PLE_CPU_OFFLOAD`` unset (or 0) and no other ``VLLM_PLE_*`` variable, ``register()``
 returns before importing anything: vLLM behaves exactly as upstream.
 """
 
 from __future__ import annotations
 
-import sys
-
 _registered = False
 
 
 def _fatal(message: str) -> "NoReturn":  # noqa: F821
-    print(f"vllm-ple-offload plugin: {message}", file=sys.stderr, flush=True)
     raise SystemExit(f"vllm-ple-offload plugin: {message}")
 
 

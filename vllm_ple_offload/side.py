@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from sglang_ssd_stream.operate.side import EngineSide, console_script
 
+from . import env
+from .doctor import INSTALL_FIX
+
 
 def _preflight(**launch) -> list:
     from . import doctor
@@ -20,5 +23,7 @@ SIDE = EngineSide(
     service="compose",
     # PLE IPC across processes fails with pidfd_getfd EPERM under expandable segments (write-up 002).
     forbidden_env=(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),),
-    install_hint="./install.sh --engine vllm",
+    install_hint=INSTALL_FIX,
+    # Inherited VLLM_PLE_* (and vLLM's plugin allowlist) change what the plugin does: the printed command shows them.
+    shown_env=(env.PREFIX, env.PLUGINS_ENV),
 )

@@ -40,7 +40,7 @@ def test_streaming_backends(backend, tmp_path):
 
 
 def test_unknown_backend_names_the_choices():
-    with pytest.raises(PleSettingsError, match=r"'nvme' is not a PLE backend; choose one of pinned, mmap, sidecar") as e:
+    with pytest.raises(PleSettingsError, match=r"'nvme' is not a PLE backend; choose one of pinned, mmap, pread") as e:
         read(VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="nvme")
     assert e.value.exit_code == EXIT_USAGE and isinstance(e.value, ValueError)
 
@@ -84,10 +84,10 @@ def test_streaming_needs_a_sidecar(backend):
 
 
 @pytest.mark.parametrize("name", ["VLLM_PLE_SIDECAR", "VLLM_PLE_FETCH_WORKERS", "VLLM_PLE_ROWS_PER_TASK",
-                                  "VLLM_PLE_STATS_INTERVAL"])
+                                  "VLLM_PLE_STATS_INTERVAL", "VLLM_PLE_NO_VERIFY"])
 def test_streaming_knobs_are_refused_with_pinned(name):
-    with pytest.raises(PleSettingsError, match=f"{name} only apply to the mmap and sidecar backends"):
-        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", name: "4"})
+    with pytest.raises(PleSettingsError, match=f"{name} only apply to the mmap and pread backends"):
+        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", name: "1"})
 
 
 @pytest.mark.parametrize("name,value,match", [
@@ -96,12 +96,61 @@ def test_streaming_knobs_are_refused_with_pinned(name):
     ("VLLM_PLE_FETCH_WORKERS", "24x", "is not an integer"),
     ("VLLM_PLE_ROWS_PER_TASK", "0", "out of range 1.."),
     ("VLLM_PLE_ROWS_PER_TASK", "1.5", "is not an integer"),
-    ("VLLM_PLE_STATS_INTERVAL", "-1", "out of range 0.."),
+    ("VLLM_PLE_STATS_INTERVAL", "-1", "is not an integer"),
 ])
 def test_bad_numbers(name, value, match, tmp_path):
     with pytest.raises(PleSettingsError, match=match):
-        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "sidecar",
+        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "pread",
                            "VLLM_PLE_SIDECAR": str(tmp_path), name: value})
+
+
+# int() takes all of these (issue 16 item 7); the one rule is ASCII digits only, like the switches.
+@pytest.mark.parametrize("value", ["1_6", "\u0668", "+8", " 8 ", "8 ", "", "\uff18", "0x10", "1e3"])
+@pytest.mark.parametrize("name", ["VLLM_PLE_FETCH_WORKERS", "VLLM_PLE_ROWS_PER_TASK", "VLLM_PLE_STATS_INTERVAL"])
+def test_numbers_are_ascii_digits_only(name, value, tmp_path):
+    with pytest.raises(PleSettingsError, match=r"is not an integer .*\(ASCII digits only\)"):
+        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap",
+                           "VLLM_PLE_SIDECAR": str(tmp_path), name: value})
+
+
+@pytest.mark.parametrize("name", ["VLLM_PLE_CPU_OFFLOAD", "VLLM_PLE_ALLOW_UNPATCHED"])
+@pytest.mark.parametrize("value", [" 1", "1 ", "+1", "\u0661", "01", "true"])
+def test_switches_follow_the_same_rule(name, value):
+    kw = {"VLLM_PLE_CPU_OFFLOAD": "1", name: value}
+    with pytest.raises(PleSettingsError, match="must be 0 or 1"):
+        env.read_settings(kw)
+
+
+def test_leading_zeros_are_digits(tmp_path):
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap",
+                           "VLLM_PLE_SIDECAR": str(tmp_path), "VLLM_PLE_FETCH_WORKERS": "08"})
+    assert s.fetch_workers == 8
+
+
+def test_no_verify_is_an_explicit_streaming_opt_out(tmp_path):
+    base = {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "pread", "VLLM_PLE_SIDECAR": str(tmp_path)}
+    assert env.read_settings(base).no_verify is False
+    s = env.read_settings({**base, "VLLM_PLE_NO_VERIFY": "1"})
+    assert s.no_verify is True and "sha256_check=off" in s.describe()
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_NO_VERIFY='yes' must be 0 or 1"):
+        env.read_settings({**base, "VLLM_PLE_NO_VERIFY": "yes"})
+
+
+@pytest.mark.parametrize("value,excluded", [
+    (None, False), ("ple_offload", False), ("other,ple_offload", False), ("ple_offload,", False),
+    ("", True), ("other", True), ("other, ple_offload", True), ("PLE_OFFLOAD", True), ("ple_offload ", True),
+])
+def test_plugin_allowlist_is_read_like_vllm(value, excluded):
+    """vLLM 0.33 splits VLLM_PLUGINS on ',' and strips nothing (checks/check_plugin_off.py proves it on the loader)."""
+    environ = {} if value is None else {"VLLM_PLUGINS": value}
+    assert env.plugin_excluded(environ) is excluded
+
+
+def test_fetch_round_bytes_is_the_knob_product(tmp_path):
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "pread",
+                           "VLLM_PLE_SIDECAR": str(tmp_path), "VLLM_PLE_FETCH_WORKERS": "256",
+                           "VLLM_PLE_ROWS_PER_TASK": "1048576"})
+    assert env.fetch_round_bytes(s, 160) == 256 * 1048576 * 160 > env.MAX_FETCH_ROUND_BYTES
 
 
 def test_allow_unpatched_flag():

@@ -20,6 +20,7 @@ CHECKS = [
     "tests/vllm/checks/check_plugin_streamed.py",
     "tests/vllm/checks/check_plugin_bad_input.py",
     "tests/vllm/checks/check_pinned_backend.py",
+    "tests/vllm/checks/check_doctor_launch.py",
 ]
 
 

@@ -1,4 +1,6 @@
-"""Preflight checks over injected facts (pure Python: no vLLM, no GPU)."""
+"""The doctor's checks over injected facts (pure Python: no vLLM import, no GPU; the plugin and
+``vllm-ple-offload doctor`` run the same checks). Checks that need vLLM's own code (its parser, its
+graph modes) are in ``checks/check_doctor_launch.py``."""
 
 from __future__ import annotations
 
@@ -19,13 +21,18 @@ SIDECAR = env.PleSettings(backend="pread", sidecar=None, fetch_workers=24, rows_
 
 def facts(**kw) -> Facts:
     base = dict(uva=True, platform="CudaPlatform", memlock_bytes=None, cap_ipc_lock=False, cap_sys_ptrace=False,
-                yama_ptrace_scope=1, seccomp_filter=True, alloc_conf={}, disks=())
+                yama_ptrace_scope=1, seccomp_filter=True, alloc_conf={}, disks=(), row_bytes={3: 160})
     base.update(kw)
     return Facts(**base)
 
 
 def by_check(findings, check):
     return [f for f in findings if f.check == check]
+
+
+def streaming(tmp_path, **extra):
+    return env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "pread",
+                              "VLLM_PLE_SIDECAR": str(tmp_path), **extra})
 
 
 def test_healthy_machine_passes():
@@ -164,7 +171,111 @@ def test_sidecar_disks_classify_every_table(tmp_path):
     assert [d.path.rsplit("/", 1)[-1] for d in disks] == ["layer-3.bin", "layer-7.bin"]
 
 
+def test_sidecar_that_does_not_load_is_a_finding(tmp_path):
+    """A missing or truncated sidecar is an error finding (exit 2), not an exception (it was exit 3)."""
+    s = streaming(tmp_path / "nowhere")
+    f = preflight.Facts(uva=True, platform="CudaPlatform", memlock_bytes=None, cap_ipc_lock=False, cap_sys_ptrace=False,
+                        yama_ptrace_scope=None, seccomp_filter=False, **preflight._sidecar_facts(s))
+    [side] = by_check(preflight.run_checks(s, f), "sidecar")
+    assert side.level == ERROR and "sidecar manifest not found" in side.message
+    assert "sglang-ssd-stream sidecar verify" in side.fix
+
+
+def test_truncated_table_is_a_finding(tmp_path):
+    import numpy as np
+
+    from tests.vllm.synthetic import write_sidecar
+
+    man = write_sidecar(tmp_path / "art", {3: ("bfloat16", np.zeros((64, 8), np.uint8))})
+    table = tmp_path / "art" / "ple" / "layer-3.bin"
+    table.write_bytes(table.read_bytes()[:-8])
+    found = preflight._sidecar_facts(streaming(man))
+    assert "truncated" in found["sidecar_error"] or "bytes" in found["sidecar_error"]
+
+
+@pytest.mark.parametrize("workers,rows,row,knob", [
+    (24, 2048, 160, None),  # the Thor default: 7.5 MiB
+    (128, 2048, 1 << 10, None),  # exactly the limit
+    (256, 1 << 20, 160, "VLLM_PLE_ROWS_PER_TASK to at most 6,553"),  # the issue's 40 GiB case
+    (256, 4096, 1 << 10, "VLLM_PLE_FETCH_WORKERS to at most 64"),  # workers raised further than rows
+])
+def test_fetch_round_is_bounded_and_names_the_knob(tmp_path, workers, rows, row, knob):
+    s = streaming(tmp_path, VLLM_PLE_FETCH_WORKERS=str(workers), VLLM_PLE_ROWS_PER_TASK=str(rows))
+    ok = knob is None
+    assert (env.fetch_round_bytes(s, row) <= env.MAX_FETCH_ROUND_BYTES) is ok
+    [f] = by_check(preflight.run_checks(s, facts(row_bytes={3: row, 7: 16})), "fetch_round")  # the widest table
+    assert f.level == (OK if ok else ERROR)
+    assert f"{workers} x {rows:,} x {row} B" in f.message  # the same product env.fetch_round_bytes computes
+    if not ok:
+        assert knob in f.fix
+        # the value named fits
+        fitted = dict(VLLM_PLE_FETCH_WORKERS=str(workers), VLLM_PLE_ROWS_PER_TASK=str(rows))
+        name, value = knob.split(" to at most ")
+        fitted[name] = value.replace(",", "")
+        assert env.fetch_round_bytes(streaming(tmp_path, **fitted), row) <= env.MAX_FETCH_ROUND_BYTES
+
+
+def test_fetch_round_not_checked_for_pinned():
+    assert not by_check(preflight.run_checks(PINNED, facts(row_bytes={3: 160})), "fetch_round")
+
+
+def test_no_verify_is_reported(tmp_path):
+    s = streaming(tmp_path, VLLM_PLE_NO_VERIFY="1")
+    [w] = by_check(preflight.run_checks(s, facts(row_bytes={3: 160})), "sidecar_sha")
+    assert w.level == WARNING and "VLLM_PLE_NO_VERIFY=1" in w.message and "corrupted row would be served" in w.message
+    assert not by_check(preflight.run_checks(streaming(tmp_path), facts(row_bytes={3: 160})), "sidecar_sha")
+
+
+def test_verify_once_per_process_and_refuses_a_flipped_byte(tmp_path, monkeypatch):
+    """The shared verifier with its verified cache; one byte flipped mid-table is an error finding."""
+    import numpy as np
+
+    from sglang_ssd_stream.sidecar import verify
+    from tests.vllm.synthetic import random_table, write_sidecar
+
+    man = write_sidecar(tmp_path / "art", {3: ("bfloat16", random_table(512, 32, 1))})
+    calls = []
+    real = verify.verify_sidecar
+    monkeypatch.setattr(verify, "verify_sidecar", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ok = preflight.verify_sidecar_once(streaming(man), progress=False)
+    assert ok.level == OK and "1 table(s) match" in ok.message and "0 from the verified cache" in ok.message
+    assert preflight.verify_sidecar_once(streaming(man), progress=False) is ok and len(calls) == 1  # once per process
+    preflight._verified.clear()
+    again = preflight.verify_sidecar_once(streaming(man), progress=False)
+    assert "1 from the verified cache" in again.message  # the next process: the cache, no re-read
+
+    bad = write_sidecar(tmp_path / "bad", {3: ("bfloat16", random_table(512, 32, 1))})
+    table = tmp_path / "bad" / "ple" / "layer-3.bin"
+    data = bytearray(table.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    table.write_bytes(bytes(data))
+    f = preflight.verify_sidecar_once(streaming(bad), progress=False)
+    assert f.level == ERROR and "has SHA-256" in f.message and "never serve it with VLLM_PLE_NO_VERIFY=1" in f.fix
+    with pytest.raises(PreflightFailed, match=r"\[error\] sidecar_sha: PLE table ple/layer-3.bin"):
+        preflight.require_verified_sidecar(streaming(bad))
+    skipped = preflight.verify_sidecar_once(streaming(bad, VLLM_PLE_NO_VERIFY="1"), progress=False)
+    assert skipped.level == WARNING  # the explicit opt-out
+    del np
+
+
+@pytest.mark.parametrize("environ,level", [
+    ({}, None),
+    ({"VLLM_PLUGINS": "other"}, None),  # no VLLM_PLE_*: nothing to lose
+    ({"VLLM_PLE_CPU_OFFLOAD": "1"}, OK),
+    ({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLUGINS": "other,ple_offload"}, OK),
+    ({"VLLM_PLE_CPU_OFFLOAD": "yes", "VLLM_PLUGINS": "other"}, ERROR),  # the issue's silent case
+    ({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLUGINS": ""}, ERROR),
+])
+def test_plugin_allowlist(environ, level):
+    f = preflight.check_plugin_allowed(environ)
+    assert (f.level if f else None) == level
+    if level == ERROR:
+        assert "never runs this plugin" in f.message and "add ple_offload to VLLM_PLUGINS" in f.fix
+
+
 def test_json_report_says_ok():
+    from sglang_ssd_stream.findings import as_json
+
     f = facts()
-    doc = preflight.as_json(f, preflight.run_checks(PINNED, f))
+    doc = as_json(preflight.facts_json(f), preflight.run_checks(PINNED, f))
     assert doc["ok"] is True and doc["facts"]["ptrace_permitted"] is False

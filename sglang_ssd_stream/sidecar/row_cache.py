@@ -1,0 +1,511 @@
+"""A bounded cache of PLE rows in front of a sidecar reader: rows, not 4 KiB pages, held in memory.
+
+Why: a 160 B row lives in a 4 KiB page and the hash scatters hot n-grams uniformly, so a page cache
+keeps ~one useful row per page (the held-out trace in ``benchmarks/row_cache/`` touches 13.3M
+distinct rows on 8.0M distinct pages: 2.0 GiB of rows, 30 GiB of pages). :class:`RowCache` keeps
+rows in a buffer the caller hands in (pinned or CUDA-registered host memory, so a kernel can read
+it), with a hard byte budget for rows + metadata + read buffers, and reads misses with ``O_DIRECT``
+so the page cache holds nothing of the table.
+
+``RowCache.read_rows(ids, out)`` has the readers' contract (:class:`~.reader.SidecarReader`,
+:class:`~.mapped.MappedReader`): any order, duplicates, other ranks' rows zero, ids outside the
+table refused before anything is written, fail-closed after an I/O error, ``working_set_bytes``,
+``close``. ``prefetch(ids)`` brings rows in without copying them out (prompt-ahead prefetch calls it
+from background threads; concurrent calls never read one row twice: a lookup waits for a row
+another call is filling). Lookups, the policy and the reads are C (``row_cache.c``, built once per
+machine): no per-row Python, no GIL held while reading, and callable from a CUDA host node
+(:meth:`RowCache.host_read`).
+
+Policy: S3-FIFO by default (``benchmarks/row_cache/README.md`` has the measurements against CLOCK,
+LRU and Belady's optimum on the trace); ``policy=`` selects another for measurement.
+
+Imports only the standard library and numpy (no engine, no torch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import secrets
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from .errors import (
+    SidecarIOError,
+    SidecarReaderUnusable,
+    SidecarRowOutOfRange,
+    SidecarShapeMismatch,
+    SidecarTruncated,
+)
+from .native import NativeBuildError, build_library
+from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("row_cache.c")
+LIB_NAME = "libssd_row_cache.so"
+ABI = 1  # RC_ABI in row_cache.c
+EXIT_CODE = 70  # RC_EXIT_CODE in row_cache.c
+POLICIES = {"lru": 0, "clock": 1, "s3fifo": 2}
+DEFAULT_POLICY = "s3fifo"
+S3_SMALL_FRACTION = 0.10  # the small FIFO's share of the slots (S3-FIFO's 10 %)
+S3_THRESHOLD = 1  # lookups while in the small FIFO that promote a row to the main one
+S3_KEEP_FREQ = 0  # a promoted row's count restarts at zero in the main FIFO
+DEFAULT_WAVE_PAGES = 1024  # bounce buffer per concurrent miss read: 4 MiB
+MAX_READ_PAGES = 64  # coalesced run cap (256 KiB), as SidecarReader's
+DEFAULT_WORKERS = 16
+CONCURRENT_CALLS = 2  # the working set counts a demand lookup and one prefetch at a time
+PAGE = 4096
+
+# rc_read's flags and return codes
+_F_PREFETCH, _F_NODATA = 1, 2
+_FATAL, _OUT_OF_RANGE, _REFUSED = -1, -2, -3
+STAT_NAMES = ("calls", "lookups", "hits", "waits", "miss_lookups", "rows_read", "pages_read", "reads", "bytes_read",
+              "inserts", "evictions", "bypass", "out_of_rank", "prefetch_calls", "prefetch_rows", "prefetch_hits",
+              "prefetch_evicted_unused", "ghost_hits")
+
+# The budget knob, in each engine's naming; 0 turns the cache off. Profile defaults are in MiB.
+SGLANG_BUDGET_ENV = "SGLANG_SSD_STREAM_ROW_CACHE_MB"
+VLLM_BUDGET_ENV = "VLLM_PLE_ROW_CACHE_MB"
+MAX_BUDGET_MB = 1 << 20  # 1 TiB: anything larger is a typo
+PROFILE_DEFAULT_MB = {"thor": 1024, "discrete-gpu": 2560, "a100x4": 2560}
+
+
+def parse_budget_mb(name: str, raw: str | None, default_mb: int) -> int:
+    """The cache budget in MiB from variable ``name`` (``raw`` its value; None: ``default_mb``)."""
+    if raw is None:
+        return int(default_mb)
+    try:
+        mb = int(raw.strip(), 10)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer number of MiB (e.g. 1024; 0 turns the row cache off)") from None
+    if not 0 <= mb <= MAX_BUDGET_MB:
+        raise ValueError(f"{name}={mb} is out of range 0..{MAX_BUDGET_MB} MiB")
+    return mb
+
+
+# ----------------------------------------------------------------------------- the library
+
+
+class _HostRead(ctypes.Structure):
+    """``rc_host_t`` of row_cache.c (``rc_host_layout`` checks the layout)."""
+
+    _fields_ = [("cache", ctypes.c_void_p), ("ids", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", ctypes.c_int64),
+                ("calls", ctypes.c_int64), ("what", ctypes.c_char * 128)]
+
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_I32 = ctypes.c_int32
+
+
+def load() -> ctypes.CDLL:
+    """The compiled ``row_cache.c`` (built on first use); refuses a library of another ABI or layout."""
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        path = build_library(SOURCE, LIB_NAME, hint="\nInstall a C compiler (Triton needs one too) or set CC; or set "
+                                                      "the row cache budget to 0 to serve without it.")
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise NativeBuildError(f"cannot load the row cache library {path}: {exc}") from exc
+        lib.rc_abi.restype = ctypes.c_int
+        lib.rc_host_layout.argtypes = [_P, ctypes.c_int]
+        lib.rc_host_layout.restype = ctypes.c_int
+        ours = [ctypes.sizeof(_HostRead)] + [getattr(_HostRead, n).offset for n, _ in _HostRead._fields_]
+        buf = (ctypes.c_size_t * 16)()
+        theirs = list(buf[:min(16, lib.rc_host_layout(buf, 16))])
+        if lib.rc_abi() != ABI or theirs != ours:
+            raise NativeBuildError(f"{path}: ABI {lib.rc_abi()}, host struct {theirs}; expected ABI {ABI}, {ours}; "
+                                   f"delete it to rebuild")
+        lib.rc_create.argtypes = [_P, _I64, _I64, _I32, _I32, _I32, _I64, _I64, _I64, _I64, _I64, _I32, _I64, _I64,
+                                  ctypes.c_uint64, _I32, ctypes.c_double, _I32, _I32, _I32, ctypes.c_char_p, _I64]
+        lib.rc_create.restype = _P
+        lib.rc_read.argtypes = [_P, _P, _I64, _P, _I32, ctypes.c_char_p, _I64]
+        lib.rc_read.restype = ctypes.c_int
+        lib.rc_metadata_bytes.argtypes = [_I64, _I32]
+        lib.rc_metadata_bytes.restype = _I64
+        lib.rc_bounce_bytes.argtypes = [_I64]
+        lib.rc_bounce_bytes.restype = _I64
+        for name in ("rc_close", "rc_free"):
+            getattr(lib, name).argtypes = [_P]
+            getattr(lib, name).restype = None
+        lib.rc_nstats.restype = ctypes.c_int
+        lib.rc_stats.argtypes = [_P, _P]
+        lib.rc_stats.restype = None
+        lib.rc_occupancy.argtypes = [_P, ctypes.POINTER(_I64), ctypes.POINTER(_I64)]
+        lib.rc_occupancy.restype = None
+        lib.rc_contains.argtypes = [_P, _P, _I64, _P]
+        lib.rc_contains.restype = None
+        lib.rc_host_read.argtypes = [_P]
+        lib.rc_host_read.restype = None
+        lib.rc_test_start.argtypes = [_P, _P]
+        lib.rc_test_start.restype = _P
+        lib.rc_test_join.argtypes = [_P]
+        lib.rc_test_join.restype = ctypes.c_int
+        if lib.rc_nstats() != len(STAT_NAMES):
+            raise NativeBuildError(f"{path}: {lib.rc_nstats()} statistics, expected {len(STAT_NAMES)}")
+        _lib = lib
+        return lib
+
+
+def metadata_bytes(capacity: int, policy: str = DEFAULT_POLICY) -> int:
+    """Bytes of metadata the cache allocates for ``capacity`` rows (index, keys, policy state)."""
+    return int(load().rc_metadata_bytes(int(capacity), POLICIES[policy]))
+
+
+def fixed_bytes(wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0) -> int:
+    """Per-call buffers the budget reserves: ``CONCURRENT_CALLS`` bounce buffers and lookup plans."""
+    return CONCURRENT_CALLS * (wave_pages * PAGE + max_rows * PLAN_BYTES_PER_ROW)
+
+
+def capacity_for_budget(budget_bytes: int, row_bytes: int, *, policy: str = DEFAULT_POLICY,
+                        wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0) -> int:
+    """The most rows whose storage + metadata + per-call buffers fit ``budget_bytes`` (0 if none)."""
+    room = int(budget_bytes) - fixed_bytes(wave_pages, max_rows)
+    lo, hi = 0, max(0, room // int(row_bytes))
+    while lo < hi:  # metadata grows with capacity: the largest capacity that still fits
+        mid = (lo + hi + 1) // 2
+        if mid * row_bytes + metadata_bytes(mid, policy) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _err(buf) -> str:
+    return buf.value.decode(errors="replace")
+
+
+def _raise_fatal(msg: str, path: str) -> None:
+    if msg.startswith("SidecarTruncated"):
+        raise SidecarTruncated(msg, path=path)
+    raise SidecarIOError(msg, path=path)
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+class RowCache:
+    """A bounded row cache over ``reader``'s table and rank range, rows stored in ``rows``.
+
+    Args:
+        reader: the sidecar reader of this rank (``SidecarReader`` or ``MappedReader``): the table,
+            ``vocab_start``/``vocab_end``/``total_rows`` come from it and :meth:`close` closes it. The
+            cache reads misses itself, natively, on its own descriptor of the table.
+        rows: the row storage, ``uint8 [capacity, row_bytes]``, C-contiguous and writable; e.g. a
+            view of CUDA-registered memory (``staging.host_memory.allocate_registered``). Size it
+            with :func:`capacity_for_budget`. It must outlive the cache.
+        policy: ``"s3fifo"`` (default), ``"clock"`` or ``"lru"``.
+        direct: read misses with ``O_DIRECT``; where the filesystem refuses it, buffered reads whose
+            pages are dropped (``POSIX_FADV_DONTNEED``) after copying, and ``self.direct`` is False.
+        workers: reader threads per miss wave (the disk's queue depth).
+    """
+
+    io = "cache"
+
+    def __init__(self, reader, rows: np.ndarray, *, policy: str = DEFAULT_POLICY, direct: bool = True,
+                 workers: int | None = None, wave_pages: int = DEFAULT_WAVE_PAGES, max_read_pages: int = MAX_READ_PAGES,
+                 _debug_hash: int = 0, _debug_delay_us: int = 0, _s3=(S3_SMALL_FRACTION, S3_THRESHOLD, S3_KEEP_FREQ),
+                 _seed: int | None = None):
+        self.reader = reader
+        self.table = reader.table
+        self.row_bytes = rb = reader.row_bytes
+        self.vocab_start, self.vocab_end, self.total_rows = reader.vocab_start, reader.vocab_end, reader.total_rows
+        self.max_rows = int(getattr(reader, "max_rows", 0))
+        self.workers = int(workers if workers is not None else getattr(reader, "workers", DEFAULT_WORKERS))
+        if policy not in POLICIES:
+            raise ValueError(f"row cache policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        if (not isinstance(rows, np.ndarray) or rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != rb
+                or rows.shape[0] < 1 or not rows.flags.c_contiguous or not rows.flags.writeable):
+            desc = f"{rows.dtype} {rows.shape}" if isinstance(rows, np.ndarray) else type(rows).__name__
+            raise SidecarShapeMismatch(f"row cache storage must be a writable C-contiguous uint8 array of shape "
+                                       f"(capacity >= 1, {rb}), got {desc}", actual=desc, expected=("uint8", rb))
+        self.rows, self.policy, self.capacity = rows, policy, rows.shape[0]
+        self.wave_pages = int(wave_pages)
+        self._lib = lib = load()
+        path = str(self.table.file)
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        self.direct = bool(direct)
+        try:
+            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
+        except OSError as exc:
+            if not (direct and exc.errno == errno.EINVAL):
+                raise SidecarIOError(f"cannot open PLE table {path}: {exc.strerror or exc}", path=path) from exc
+            log.warning("PLE row cache: %s refuses O_DIRECT; misses are read buffered and their pages dropped", path)
+            self.direct = False
+            try:
+                fd = os.open(path, flags)
+            except OSError as exc2:
+                raise SidecarIOError(f"cannot open PLE table {path}: {exc2.strerror or exc2}", path=path) from exc2
+        try:
+            if not self.direct:  # buffered: no read-ahead, whose pages the drop after each read would miss
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            size = os.fstat(fd).st_size
+            if size < self.table.bytes:
+                raise SidecarTruncated(f"PLE table {path} is truncated: it has {size} bytes, expected {self.table.bytes}",
+                                       path=path, actual=size, expected=self.table.bytes)
+            err = ctypes.create_string_buffer(512)
+            small, threshold, keep = _s3
+            handle = lib.rc_create(rows.ctypes.data, self.capacity, rb, POLICIES[policy], fd, int(self.direct),
+                                   self.table.row_start, self.vocab_start, self.vocab_end, self.total_rows,
+                                   self.table.bytes, self.workers, self.wave_pages, int(max_read_pages),
+                                   secrets.randbits(64) if _seed is None else int(_seed), int(_debug_hash), float(small), int(threshold), int(keep),
+                                   int(_debug_delay_us), err, len(err))
+            if not handle:
+                raise SidecarShapeMismatch(f"PLE row cache for {path}: {_err(err)}", path=path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._c = fd, handle
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._closed = False
+        self._failure: str | None = None
+        self._host_nodes: list = []
+        self._finalizer = weakref.finalize(self, _release, lib, handle, fd, self._host_nodes)
+
+    # ------------------------------------------------------------------ accounting
+
+    @property
+    def metadata_bytes(self) -> int:
+        return int(self._lib.rc_metadata_bytes(self.capacity, POLICIES[self.policy]))
+
+    @property
+    def working_set_bytes(self) -> int:
+        """Host memory the cache holds: row storage + metadata + per-call read buffers and plans
+        (``CONCURRENT_CALLS`` at a time). The reader's own working set is not included."""
+        return self.rows.nbytes + self.metadata_bytes + fixed_bytes(self.wave_pages, self.max_rows)
+
+    @property
+    def stats(self) -> dict:
+        """Counters since creation (see ``STAT_NAMES``); ``hits / lookups`` is the hit rate."""
+        self._enter(failed_ok=True)  # counters stay readable after a failure (they say what happened)
+        try:
+            buf = np.zeros(len(STAT_NAMES), np.int64)
+            self._lib.rc_stats(self._c, buf.ctypes.data)
+        finally:
+            self._exit()
+        return dict(zip(STAT_NAMES, buf.tolist()))
+
+    def occupancy(self) -> tuple[int, int]:
+        """(rows cached and valid, rows being filled)."""
+        self._enter(failed_ok=True)
+        try:
+            v, f = _I64(), _I64()
+            self._lib.rc_occupancy(self._c, ctypes.byref(v), ctypes.byref(f))
+            return v.value, f.value
+        finally:
+            self._exit()
+
+    @property
+    def usable(self) -> bool:
+        return not self._closed and self._failure is None
+
+    def fileno(self) -> int:
+        self._check_usable()
+        return self._fd
+
+    # ------------------------------------------------------------------ lookups
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SidecarReaderUnusable(f"PLE row cache for {self.table.file} is closed", path=str(self.table.file))
+        if self._failure is not None:
+            raise SidecarReaderUnusable(f"PLE row cache for {self.table.file} is unusable after an earlier I/O "
+                                        f"failure: {self._failure}", path=str(self.table.file), cause=self._failure)
+
+    def _enter(self, *, failed_ok: bool = False) -> None:
+        with self._cond:
+            if not (failed_ok and not self._closed):
+                self._check_usable()
+            self._inflight += 1
+
+    def _exit(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            self._cond.notify_all()
+
+    def _call(self, ids: np.ndarray, out: np.ndarray | None, flags: int) -> None:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        err = ctypes.create_string_buffer(512)
+        self._enter()
+        try:
+            check_bounds(ids, self.table, self.total_rows)
+            rc = self._lib.rc_read(self._c, ids.ctypes.data, ids.size, 0 if out is None else out.ctypes.data, flags,
+                                   err, len(err))
+        finally:
+            self._exit()
+        if rc == 0:
+            return
+        msg = _err(err)
+        if rc == _OUT_OF_RANGE:
+            raise SidecarRowOutOfRange(msg, path=str(self.table.file))
+        if rc == _FATAL:
+            with self._cond:
+                self._failure = self._failure or msg
+            _raise_fatal(msg, str(self.table.file))
+        raise SidecarReaderUnusable(f"PLE row cache for {self.table.file}: {msg}", path=str(self.table.file))
+
+    def read_rows(self, ids, out: np.ndarray) -> None:
+        """Fill ``out[i]`` with the bytes of global row ``ids[i]`` (zero for other ranks' rows).
+
+        Raises like :meth:`SidecarReader.read_rows`: :class:`SidecarRowOutOfRange` (nothing written,
+        still usable), :class:`SidecarShapeMismatch`, :class:`SidecarIOError`/:class:`SidecarTruncated`
+        (then unusable), :class:`SidecarReaderUnusable`.
+        """
+        ids = check_ids(ids, self.table, self.total_rows)
+        check_out(out, ids.shape[0], self.row_bytes)
+        self._call(ids, out, 0)
+
+    def prefetch(self, ids) -> None:
+        """Bring rows ``ids`` into the cache (this rank's; others are ignored); rows present or being
+        filled are left alone. Blocks until they are read: run it on a background thread."""
+        ids = check_ids(ids, self.table, self.total_rows)
+        self._call(ids, None, _F_PREFETCH)
+
+    def contains(self, ids) -> np.ndarray:
+        """Which of ``ids`` are cached now (no policy update)."""
+        ids = np.ascontiguousarray(check_ids(ids, self.table, self.total_rows))
+        res = np.zeros(ids.size, np.uint8)
+        self._enter()
+        try:
+            self._lib.rc_contains(self._c, ids.ctypes.data, ids.size, res.ctypes.data)
+        finally:
+            self._exit()
+        return res.astype(bool)
+
+    # ------------------------------------------------------------------ CUDA host node
+
+    def host_read(self, ids: np.ndarray, out: np.ndarray, *, what: str) -> "HostRead":
+        """A lookup of ``ids`` (int64, fixed address) into ``out`` (uint8 ``[n, row_bytes]``, fixed
+        address) as a CUDA host function: ``cuLaunchHostFunc(stream, node.function, node.argument)``.
+        No Python, no GIL at replay; a failure prints and ends the process (exit 70). The cache's
+        metadata then stays allocated for the life of the process (a graph may replay any time)."""
+        self._check_usable()
+        node = HostRead(self, ids, out, what=what)
+        self._host_nodes.append(node)
+        return node
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Refuse new calls, wait for those in flight, release memory (kept when a host node
+        exists) and close the reader."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            while self._inflight:
+                self._cond.wait()
+        self._finalizer()
+        self.reader.close()
+
+    def __enter__(self) -> "RowCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"RowCache({self.table.file}, rows=[{self.vocab_start}, {self.vocab_end}), {self.policy}, "
+                f"capacity={self.capacity} rows, direct={self.direct}, working_set={self.working_set_bytes} B)")
+
+
+def _release(lib, handle, fd, host_nodes) -> None:
+    lib.rc_close(handle)  # waits for calls in flight (host nodes included)
+    if host_nodes:
+        return  # a captured graph may still replay: its node finds the cache closed and says so
+    lib.rc_free(handle)
+    os.close(fd)
+
+
+class HostRead:
+    """One captured lookup (see :meth:`RowCache.host_read`); :meth:`run` calls it directly."""
+
+    def __init__(self, cache: RowCache, ids: np.ndarray, out: np.ndarray, *, what: str):
+        if ids.dtype != np.int64 or ids.ndim != 1 or not ids.flags.c_contiguous:
+            raise ValueError("ids must be a contiguous 1-D int64 array")
+        if out.dtype != np.uint8 or out.shape != (ids.shape[0], cache.row_bytes) or not out.flags.c_contiguous:
+            raise ValueError(f"out must be contiguous uint8 [{ids.shape[0]}, {cache.row_bytes}], got {out.dtype} {out.shape}")
+        self.cache, self._keep = cache, (ids, out, cache.rows)
+        self._struct = _HostRead(cache=cache._c, ids=ids.ctypes.data, out=out.ctypes.data, n=ids.shape[0], calls=0,
+                                 what=what.encode()[:127])
+
+    @property
+    def function(self) -> int:
+        return ctypes.cast(self.cache._lib.rc_host_read, ctypes.c_void_p).value
+
+    @property
+    def argument(self) -> int:
+        return ctypes.addressof(self._struct)
+
+    @property
+    def calls(self) -> int:
+        return self._struct.calls
+
+    def run(self) -> None:
+        self.cache._lib.rc_host_read(self.argument)
+
+
+# ----------------------------------------------------------------------------- simulation
+
+
+class CacheSimulator:
+    """The same C cache with no storage and no file: every decision and counter of a real cache of
+    ``capacity`` rows, without reading or copying (benchmarks replay million-lookup traces with it;
+    ``tests/sidecar/test_row_cache.py`` proves its counters equal a real cache's on the same calls)."""
+
+    def __init__(self, capacity: int, *, total_rows: int, row_bytes: int, policy: str = DEFAULT_POLICY,
+                 _s3=(S3_SMALL_FRACTION, S3_THRESHOLD, S3_KEEP_FREQ), seed: int = 0):
+        self._lib = lib = load()
+        self.capacity, self.policy, self.row_bytes = int(capacity), policy, int(row_bytes)
+        err = ctypes.create_string_buffer(512)
+        small, threshold, keep = _s3
+        self._c = lib.rc_create(None, self.capacity, self.row_bytes, POLICIES[policy], -1, 0, 0, 0, int(total_rows),
+                                int(total_rows), int(total_rows) * self.row_bytes, 1, DEFAULT_WAVE_PAGES,
+                                MAX_READ_PAGES, int(seed), 0, float(small), int(threshold), int(keep), 0, err, len(err))
+        if not self._c:
+            raise ValueError(_err(err))
+        self._finalizer = weakref.finalize(self, _release_sim, lib, self._c)
+
+    def _call(self, ids, flags: int) -> None:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        err = ctypes.create_string_buffer(512)
+        if self._lib.rc_read(self._c, ids.ctypes.data, ids.size, None, _F_NODATA | flags, err, len(err)) != 0:
+            raise ValueError(_err(err))
+
+    def access(self, ids) -> None:
+        """A demand lookup of ``ids`` (one batch, e.g. a prefill chunk's rows)."""
+        self._call(ids, 0)
+
+    def prefetch(self, ids) -> None:
+        self._call(ids, _F_PREFETCH)
+
+    @property
+    def stats(self) -> dict:
+        buf = np.zeros(len(STAT_NAMES), np.int64)
+        self._lib.rc_stats(self._c, buf.ctypes.data)
+        return dict(zip(STAT_NAMES, buf.tolist()))
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _release_sim(lib, handle) -> None:
+    lib.rc_close(handle)
+    lib.rc_free(handle)
+
+
+__all__ = ["RowCache", "HostRead", "CacheSimulator", "capacity_for_budget", "metadata_bytes", "fixed_bytes",
+           "parse_budget_mb", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES", "SGLANG_BUDGET_ENV",
+           "VLLM_BUDGET_ENV", "PROFILE_DEFAULT_MB"]

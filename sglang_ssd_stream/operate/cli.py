@@ -163,7 +163,38 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def cmd_service(args) -> int:
+    if args.watch_unit:
+        return _watch_unit(args)
     return SERVICES[args.side.service][1](args)
+
+
+def _watch_unit(args) -> int:
+    """The systemd unit that runs `watch` beside the server (a host service for either engine)."""
+    import getpass
+
+    from .service import render_watch_unit
+
+    profile = _launch_profile(args)
+    user = getattr(args, "user", None) or getpass.getuser()
+    home, group = _unit_account(user, getattr(args, "home", None), getattr(args, "group", None))
+    exe = args.cli or os.path.join(os.path.dirname(sys.executable), args.side.tool)
+    host = getattr(args, "host", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", None) else host
+    port = args.port or profile.port
+    out = args.watch_dir or os.path.join(home, ".local", "state", args.side.tool, "watch")
+    argv = [exe, "watch", "--url", f"http://{host}:{port}/v1", "--profile", profile.name,
+            "--model", os.path.abspath(args.model), "--out", out]
+    if args.side.service == "systemd":
+        argv += ["--unit", args.name]
+    else:
+        argv += ["--container", args.name]
+    if getattr(args, "api_key_file", None):
+        argv += ["--api-key-file", os.path.abspath(args.api_key_file)]
+    text = render_watch_unit(name=f"{args.name}-watch", server_unit=args.name if args.side.service == "systemd"
+                             else None, description=f"watch of {args.name} (memory, KV, MTP acceptance; incident "
+                             f"bundles)", user=user, group=group, home=home, exec_argv=argv)
+    _emit(text, args.output)
+    return EXIT_OK
 
 
 def _compose(args) -> int:
@@ -309,6 +340,8 @@ def _systemd_args(v) -> None:
 
 
 def _compose_args(v) -> None:
+    v.add_argument("--user", help="account of the watch unit (--watch-unit; default: you)")
+    v.add_argument("--cli", help="path of this CLI on the host, for --watch-unit (default: next to this Python)")
     v.add_argument("--name", default="vllm_qwen3_8_flash_next")
     v.add_argument("--image", required=True, help="engine image with this kit installed")
     v.add_argument("--cache-dir", required=True, help="host directory for /root/.cache")
@@ -381,6 +414,10 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     v.add_argument("-o", "--output", help="file to write (default: stdout)")
     add_args(v)
     _mtp_args(v)
+    v.add_argument("--watch-unit", action="store_true",
+                   help="write the systemd unit that runs `watch` beside the server instead")
+    v.add_argument("--watch-dir", help="where the watch unit keeps watch.jsonl and incident bundles "
+                   "(default: ~user/.local/state/<tool>/watch)")
     v.set_defaults(func=cmd_service, side=side)
     parsers["service"] = v
 
@@ -421,6 +458,10 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     val.add_argument("-q", "--quiet", action="store_true")
     val.set_defaults(func=cmd_validate, side=side)
     parsers["validate"] = val
+
+    from .watch import add_watch_command
+
+    parsers["watch"] = add_watch_command(subparsers, side)
     return parsers
 
 

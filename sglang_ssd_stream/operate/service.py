@@ -122,3 +122,34 @@ def render_compose(profile: Profile, side: EngineSide, *, service: str, image: s
         *[f"      - {_y(a)}" for a in command],
     ]
     return "\n".join(out) + "\n"
+
+
+def render_watch_unit(*, name: str, server_unit: str | None, description: str, user: str, group: str | None,
+                      home: str, exec_argv: list[str]) -> str:
+    """The unit that runs ``watch`` beside the server: it outlives server restarts (that is when it matters),
+    starts after the server, and asks the kernel to spare it under memory pressure."""
+    after = f"{server_unit}.service" if server_unit else "network-online.target"
+    return (
+        "[Unit]\n"
+        f"Description={description}\n"
+        f"Wants={after}\n"
+        f"After={after}\n"
+        "\n"
+        "[Service]\n"
+        "Type=simple\n"
+        f"User={user}\n"
+        f"Group={group or user}\n"
+        f"WorkingDirectory={systemd_quote(home)}\n"
+        f"Environment={systemd_quote(f'HOME={home}')}\n"
+        f"ExecStart={' '.join(systemd_quote(a) for a in exec_argv)}\n"
+        "Restart=always\n"
+        "RestartSec=10\n"
+        "OOMScoreAdjust=-500\n"  # the watch must outlive the pressure it records (write-up 000: no OOM record)
+        "Nice=-5\n"
+        "StandardOutput=journal\n"
+        "StandardError=journal\n"
+        f"SyslogIdentifier={name}\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )

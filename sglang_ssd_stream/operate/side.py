@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .metrics import MetricNames
+
 # preflight(profile=, model=, draft=, env=, argv=) -> findings (sglang_ssd_stream.findings.Finding)
 Preflight = Callable[..., list]
 
@@ -31,6 +33,7 @@ class EngineSide:
     # Reader-thread variables serve sizes to the CPU budget (operate/host.py): (variable, the engine's default
     # when unset, or None when the knob only applies where the launch sets it).
     thread_knobs: tuple[tuple[str, int | None], ...] = ()
+    metrics: MetricNames | None = None  # what `watch` reads from the engine's /metrics (operate/metrics.py)
     shown_env: tuple[str, ...] = ()  # prefixes of inherited variables the printed command shows (they act)
 
     def engine_argv(self, python: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..operate.metrics import MetricNames
 from ..operate.side import EngineSide, python_module
 from .config import DEFAULT_WORKERS, WORKERS_ENV
 
@@ -11,6 +12,29 @@ def _preflight(**launch) -> list:
 
     return doctor.preflight(**launch)
 
+
+def _loads(fetch) -> dict:
+    """``/v1/loads`` (always served by sglang 0.5.23, without --enable-metrics): KV and running requests; its
+    speculative accept length and rate are averages since the server started, so a decay shows late."""
+    loads = fetch("/v1/loads?include=core,spec")["loads"]
+    spec = [x.get("speculative") or {} for x in loads]
+    used, total = sum(x.get("num_used_tokens", 0) for x in loads), sum(x.get("max_total_num_tokens", 0) for x in loads)
+    return {"kv_usage": used / total if total else None, "kv_used_tokens": used, "kv_total_tokens": total,
+            "running": sum(x.get("num_running_reqs", 0) for x in loads),
+            "waiting": sum(x.get("num_waiting_reqs", 0) for x in loads),
+            "accept_length": max((s["accept_length"] for s in spec if s.get("accept_length")), default=None),
+            "accept_rate": max((s["accept_rate"] for s in spec if s.get("accept_rate") is not None), default=None),
+            "gen_tokens_per_s": sum(x.get("gen_throughput", 0.0) for x in loads),
+            "source": "/v1/loads (averages since start: pass --enable-metrics for the recent interval)"}
+
+
+# sglang 0.5.23 observability/metrics_collector.py; served at /metrics with --enable-metrics.
+METRICS = MetricNames(
+    kv_usage="sglang:token_usage", kv_used_tokens="sglang:kv_used_tokens",
+    kv_total_tokens="sglang:max_total_num_tokens", running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
+    accept_length="sglang:spec_accept_length", accept_rate="sglang:spec_accept_rate",
+    generation_tokens_total="sglang:generation_tokens_total", gen_throughput="sglang:gen_throughput",
+    enable_hint="start sglang with --enable-metrics (the kit's SGLang profiles do)", fallback=_loads)
 
 SIDE = EngineSide(
     name="sglang",
@@ -24,4 +48,5 @@ SIDE = EngineSide(
     update_model=True,
     install_hint="./install.sh --engine sglang",
     thread_knobs=((WORKERS_ENV, DEFAULT_WORKERS),),  # the PLE sidecar's reader pool (mmap and pread)
+    metrics=METRICS,
 )

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Write the hash locks under hashes/locks/ and the wheel records in hashes/<engine>-<release>.json.
+
+    scripts/lock.py [--engine E]... [--python 3.11]... [--arch x86_64]... [--upgrade]
+    scripts/lock.py --wheels [--engine E]...     (then: record the engine wheels in the manifests)
+
+Locks (resolved by ``uv pip compile --generate-hashes`` for another platform and Python, from the
+package index; nothing is installed):
+
+  <engine>-<pinned>-py<XY>-<arch>.txt        what install.sh installs with ``pip install --require-hashes
+                                             --no-deps``: the engine, its whole dependency set, the kit's own
+                                             dependencies and the kit's build backend (pyproject.toml is read)
+  <engine>-<pinned>-py<XY>-<arch>.test.txt   the test extra on top (CI's venvs; resolved against the lock above,
+                                             so shared packages keep the same versions; only the extra packages)
+  <engine>-<release>-py<XY>-<arch>.overlay.txt   the engine wheel alone for every other release with a manifest
+                                             (scripts/engine-venv.sh lays it over the pinned venv)
+
+An existing lock is kept as the preference (versions change only when they must, or with --upgrade);
+a new platform starts from the py3.11 x86_64 lock's versions, and that one from --seed (e.g. the
+``pip freeze`` of a venv known to work) when given. ``--wheels`` downloads each engine wheel
+the locks name (``pip download --no-deps``), checks its SHA-256 against the lock, and writes
+{file, sha256, record} for it into the release's manifest: ``patch status`` traces an install back to
+one of them by its RECORD (sglang_ssd_stream/patching/wheels.py says how). Needs uv on PATH (or --uv)
+and, for --wheels, a Python with the kit's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOCKS = REPO / "hashes" / "locks"
+PYTHONS = ("3.11", "3.12", "3.13")
+ARCHES = ("x86_64", "aarch64")
+MANYLINUX = "manylinux_2_34"  # the newest tag either engine publishes (sglang 0.5.23: manylinux_2_34)
+ENGINES = ("sglang", "vllm")
+
+
+def pinned(engine: str) -> str:
+    return subprocess.run([sys.executable, str(REPO / "sglang_ssd_stream/patching/engines.py"), engine],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def releases(engine: str) -> list[str]:
+    return sorted(p.name[len(engine) + 1:-len(".json")] for p in (REPO / "hashes").glob(f"{engine}-*.json"))
+
+
+def lock_name(engine: str, release: str, py: str, arch: str, kind: str = "") -> Path:
+    return LOCKS / f"{engine}-{release}-py{py.replace('.', '')}-{arch}{kind}.txt"
+
+
+def project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def pins(text: str) -> dict[str, str]:
+    """name -> the whole requirement block (``name==v \\`` plus its hash lines)."""
+    out = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", text):
+        m = re.match(r"^([A-Za-z0-9_.-]+)==", block)
+        if m:
+            out[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = block.rstrip() + "\n"
+    return out
+
+
+def hashes_of(lock: Path, name: str) -> list[str]:
+    block = pins(lock.read_text()).get(name)
+    return re.findall(r"--hash=sha256:([0-9a-f]{64})", block or "")
+
+
+def compile_lock(uv: str, requirements: list[str], out: Path, py: str, arch: str, *, seed: Path | None,
+                 constraints: Path | None = None, no_deps: bool = False, upgrade: bool = False) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        req = Path(tmp) / "requirements.in"
+        req.write_text("\n".join(requirements) + "\n")
+        work = Path(tmp) / "lock.txt"
+        if out.exists():
+            shutil.copyfile(out, work)
+        elif seed is not None and seed.exists():
+            shutil.copyfile(seed, work)  # prefer the reference platform's versions
+        cmd = [uv, "pip", "compile", str(req), "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
+               "--python-version", py, "--python-platform", f"{arch}-{MANYLINUX}", "-o", str(work)]
+        if constraints is not None:
+            cmd += ["-c", str(constraints)]
+        if no_deps:
+            cmd.append("--no-deps")
+        if upgrade:
+            cmd.append("--upgrade")
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"lock.py: uv could not resolve {out.name}:\n{r.stderr.strip()}")
+        return work.read_text()
+
+
+def write_lock(path: Path, body: str, what: str, py: str, arch: str) -> None:
+    header = (f"# {what}: CPython {py}, Linux {arch} ({MANYLINUX}).\n"
+              f"# Generated by scripts/lock.py (uv pip compile --generate-hashes); do not edit by hand.\n"
+              f"# Install: pip install --require-hashes --no-deps -r {path.name}\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(header + body)
+    os.replace(tmp, path)
+    print(f"lock.py: wrote {path.relative_to(REPO)} ({len(pins(body))} distributions)")
+
+
+def make_locks(uv: str, engines, pythons, arches, upgrade: bool, seeds: dict[str, Path]) -> None:
+    proj = project()
+    kit_deps = list(proj["project"]["dependencies"]) + list(proj["build-system"]["requires"])
+    test_deps = list(proj["project"]["optional-dependencies"]["test"])
+    for engine in engines:
+        pin = pinned(engine)
+        reference = lock_name(engine, pin, "3.11", "x86_64")
+        first_seed = seeds.get(engine, reference)
+        combos = sorted(((py, arch) for py in pythons for arch in arches), key=lambda c: c != ("3.11", "x86_64"))
+        for py, arch in combos:
+            runtime = lock_name(engine, pin, py, arch)
+            base = [f"{engine}=={pin}", *kit_deps]
+            seed = first_seed if (py, arch) == ("3.11", "x86_64") else reference
+            body = compile_lock(uv, base, runtime, py, arch, seed=seed, upgrade=upgrade)
+            write_lock(runtime, body, f"{engine} {pin} runtime (engine, its dependencies, the kit's)", py, arch)
+            test = lock_name(engine, pin, py, arch, ".test")
+            full = compile_lock(uv, base + test_deps, test, py, arch, seed=seeds.get(engine, runtime),
+                                constraints=runtime)
+            runtime_pins = pins(body)
+            extra = {n: b for n, b in pins(full).items() if n not in runtime_pins}
+            write_lock(test, "".join(extra[n] for n in sorted(extra)),
+                       f"{engine} {pin} test extra, on top of {runtime.name}", py, arch)
+            for release in releases(engine):
+                if release == pin:
+                    continue
+                overlay = lock_name(engine, release, py, arch, ".overlay")
+                body = compile_lock(uv, [f"{engine}=={release}"], overlay, py, arch, seed=None, no_deps=True)
+                write_lock(overlay, body, f"{engine} {release} wheel alone (a source overlay on the {pin} venv)",
+                           py, arch)
+
+
+def record_wheels(engines) -> None:
+    sys.path.insert(0, str(REPO))
+    from sglang_ssd_stream.patching.engines import ENGINES as KIT_ENGINES
+    from sglang_ssd_stream.patching.manifest import dump_manifest
+    from sglang_ssd_stream.patching.wheels import fetch_wheel, wheel_record_digest
+
+    cache = Path(os.environ.get("SSD_STREAM_CACHE") or Path.home() / ".cache" / "sglang-ssd-stream")
+    for engine in engines:
+        pin = pinned(engine)
+        for release in releases(engine):
+            kind = "" if release == pin else ".overlay"
+            wheels: dict[str, dict] = {}
+            for py in PYTHONS:
+                for arch in ARCHES:
+                    lock = lock_name(engine, release, py, arch, kind)
+                    if not lock.exists():
+                        raise SystemExit(f"lock.py: {lock.name} is missing; run scripts/lock.py first")
+                    allowed = hashes_of(lock, engine)
+                    wheel = fetch_wheel(KIT_ENGINES[engine], release, arch, cache, python=py)
+                    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+                    if sha not in allowed:
+                        raise SystemExit(f"lock.py: {wheel.name} has SHA-256 {sha}, which {lock.name} does not list")
+                    wheels.setdefault(wheel.name, {"file": wheel.name, "sha256": sha,
+                                                   "record": wheel_record_digest(wheel)})
+            path = REPO / "hashes" / f"{engine}-{release}.json"
+            doc = json.loads(path.read_text())
+            doc["wheels"] = [wheels[n] for n in sorted(wheels)]
+            path.write_text(dump_manifest(doc))
+            print(f"lock.py: {path.name}: {len(wheels)} wheel(s) recorded")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", action="append", choices=ENGINES)
+    ap.add_argument("--python", action="append", choices=PYTHONS)
+    ap.add_argument("--arch", action="append", choices=ARCHES)
+    ap.add_argument("--upgrade", action="store_true", help="resolve anew instead of keeping the locked versions")
+    ap.add_argument("--wheels", action="store_true", help="record the engine wheels in the manifests")
+    ap.add_argument("--seed", action="append", default=[], metavar="ENGINE=FILE",
+                    help="a pip freeze (or lock) whose versions a new lock prefers, e.g. of a venv known to work")
+    ap.add_argument("--uv", default=os.environ.get("UV") or shutil.which("uv"), help="the uv executable")
+    args = ap.parse_args()
+    engines = args.engine or list(ENGINES)
+    if args.wheels:
+        record_wheels(engines)
+        return 0
+    if not args.uv:
+        raise SystemExit("lock.py: uv is not installed (pip install uv, or pass --uv PATH)")
+    seeds = {e: Path(f) for e, _, f in (s.partition("=") for s in args.seed)}
+    make_locks(args.uv, engines, args.python or list(PYTHONS), args.arch or list(ARCHES), args.upgrade, seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Prompt-ahead prefetch: the rows of a prefill's next chunks, read into the row caches before the forward.
+
+The PLE ids are a pure function of the tokens (:mod:`.ngram`), and the whole prompt is known when a
+request is scheduled. So while chunk k computes, the rows of chunks k+1 … k+W can be read from disk
+into the :class:`~.row_cache.RowCache` of every PLE layer; when the forward looks them up they are
+hits (or rows still being filled, which the lookup waits for instead of reading them again).
+
+The engine's scheduler calls :meth:`PromptPrefetcher.scheduled` when it is about to run tokens
+``[start, end)`` of a request (SGLang: ``NgramEmbeddingManager.prepare_for_forward``, which
+``Scheduler.get_next_batch_to_run`` calls with the batch it will launch; vLLM: the worker's
+``GPUModelRunner.execute_model`` after ``update_requests``). That call only records the request and
+wakes a background thread: it never reads, hashes or waits. The thread, in the order chunks were
+scheduled, hashes each chunk's tokens for every PLE layer (numpy) and calls that layer's
+``RowCache.prefetch`` (C, GIL released while reading). At most ``window`` chunks beyond the chunk
+being computed are fetched per request, so the window bounds both the disk work queued ahead and
+the rows it pins in the cache.
+
+Imports only the standard library and numpy (no engine, no torch).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from .ngram import NGramHash
+
+log = logging.getLogger(__name__)
+
+SGLANG_WINDOW_ENV = "SGLANG_SSD_STREAM_PREFETCH_CHUNKS"
+VLLM_WINDOW_ENV = "VLLM_PLE_PREFETCH_CHUNKS"
+DEFAULT_WINDOW = 2  # chunks beyond the one being computed
+MAX_WINDOW = 64
+
+
+def parse_window(name: str, raw: str | None, default: int = DEFAULT_WINDOW) -> int:
+    """The prefetch window in chunks from variable ``name`` (0 turns prompt-ahead prefetch off)."""
+    if raw is None:
+        return default
+    try:
+        w = int(raw.strip(), 10)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer number of prefill chunks (e.g. 2; 0 turns it off)") from None
+    if not 0 <= w <= MAX_WINDOW:
+        raise ValueError(f"{name}={w} is out of range 0..{MAX_WINDOW} chunks")
+    return w
+
+
+@dataclass
+class _Request:
+    tokens: Sequence[int]  # the prompt (a list or array the engine keeps; read, never written)
+    fetched_to: int = 0  # tokens [.., fetched_to) are queued or fetched
+
+
+@dataclass
+class PrefetchStats:
+    scheduled_calls: int = 0
+    chunks_queued: int = 0
+    chunks_fetched: int = 0
+    chunks_dropped: int = 0  # the request finished before its chunk was fetched
+    tokens_fetched: int = 0
+    seconds_busy: float = 0.0
+    errors: list = field(default_factory=list)
+
+
+class PromptPrefetcher:
+    """Reads the rows of upcoming prefill chunks into the row caches, in order, in the background.
+
+    Args:
+        layers: ``(hash, cache)`` per PLE layer, in forward order: the layer's :class:`NGramHash`
+            (``NGramHash.from_buffers`` of the loaded module) and its row source with a
+            ``prefetch(ids)`` method (a :class:`~.row_cache.RowCache`).
+        chunk_tokens: the prefill chunk size (sglang ``--chunked-prefill-size``, vLLM
+            ``--max-num-batched-tokens``).
+        window: chunks fetched beyond the chunk being computed (0: only the chunk being scheduled).
+    """
+
+    def __init__(self, layers: Sequence[tuple[NGramHash, object]], *, chunk_tokens: int, window: int = DEFAULT_WINDOW):
+        if not layers:
+            raise ValueError("prompt-ahead prefetch needs at least one PLE layer")
+        if chunk_tokens < 1 or not 0 <= window <= MAX_WINDOW:
+            raise ValueError(f"chunk_tokens ({chunk_tokens}) must be >= 1 and window ({window}) in 0..{MAX_WINDOW}")
+        self.layers, self.chunk_tokens, self.window = list(layers), int(chunk_tokens), int(window)
+        self._context = max(h.ngram_size - 1 for h, _ in self.layers)
+        self._reqs: dict[Hashable, _Request] = {}
+        self._queue: deque[tuple[Hashable, _Request, int, int]] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._busy = False
+        self.stats = PrefetchStats()
+        self._thread = threading.Thread(target=self._run, name="ple-prompt-prefetch", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ called by the scheduler
+
+    def scheduled(self, key: Hashable, tokens: Sequence[int], start: int, end: int) -> None:
+        """The engine is about to compute tokens ``[start, end)`` of request ``key`` (``tokens``: its
+        prompt, at least ``end`` long). Queues what is not queued yet of ``[start, end + window ×
+        chunk_tokens)`` clipped to the prompt, one chunk per entry, and returns at once."""
+        n = len(tokens)
+        end = min(int(end), n)
+        start = max(0, int(start))
+        with self._cond:
+            if self._closed:
+                return
+            self.stats.scheduled_calls += 1
+            req = self._reqs.get(key)
+            if req is None:
+                req = self._reqs[key] = _Request(tokens, fetched_to=start)
+            req.tokens = tokens  # the same prompt, possibly a new list object holding it
+            # a prefix-cache hit or a retraction may move the start: never fetch what will not be computed
+            req.fetched_to = max(req.fetched_to, start)
+            horizon = min(n, end + self.window * self.chunk_tokens)
+            while req.fetched_to < horizon:
+                a = req.fetched_to
+                b = min(horizon, a + self.chunk_tokens)
+                self._queue.append((key, req, a, b))
+                self.stats.chunks_queued += 1
+                req.fetched_to = b
+            self._cond.notify()
+
+    def finished(self, key: Hashable) -> None:
+        """Request ``key`` is done (or aborted): its queued chunks are dropped."""
+        with self._cond:
+            self._reqs.pop(key, None)
+            kept = deque(item for item in self._queue if item[0] != key)
+            self.stats.chunks_dropped += len(self._queue) - len(kept)
+            self._queue = kept
+
+    # ------------------------------------------------------------------ the background thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                key, req, a, b = self._queue.popleft()
+                if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
+                    self.stats.chunks_dropped += 1
+                    continue
+                self._busy = True
+            t = time.perf_counter()
+            try:
+                lo = max(0, a - self._context)
+                seg = np.asarray(req.tokens[lo:b], dtype=np.int64)  # a chunk's slice: the GIL for ~chunk ints
+                for h, cache in self.layers:
+                    ctx = h.ngram_size - 1
+                    before = seg[max(0, a - lo - ctx):a - lo]  # the predecessors of token a; EOS before the start
+                    hist = np.concatenate([np.full(ctx - before.size, h.eos_token_id, np.int64), before])
+                    cache.prefetch(h.ids(seg[a - lo:], hist).reshape(-1))
+                with self._cond:
+                    self.stats.chunks_fetched += 1
+                    self.stats.tokens_fetched += b - a
+            except Exception as exc:  # noqa: BLE001 - prefetch is advisory: the lookup itself raises for real
+                with self._cond:
+                    if len(self.stats.errors) < 8:
+                        self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+                log.warning("PLE prompt-ahead prefetch of tokens [%d, %d) failed: %s", a, b, exc)
+            finally:
+                with self._cond:
+                    self.stats.seconds_busy += time.perf_counter() - t
+                    self._busy = False
+                    self._cond.notify_all()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued chunk is fetched (tests, benchmarks); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    @property
+    def pending_chunks(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
+        self._thread.join()
+
+
+__all__ = ["PromptPrefetcher", "PrefetchStats", "parse_window", "DEFAULT_WINDOW", "SGLANG_WINDOW_ENV",
+           "VLLM_WINDOW_ENV"]

@@ -1,0 +1,179 @@
+"""Prompt-ahead prefetch (sidecar/prefetch.py) into the row cache: which rows, in which order, how far ahead."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sglang_ssd_stream.sidecar import SidecarReader
+from sglang_ssd_stream.sidecar.format import SidecarTable
+from sglang_ssd_stream.sidecar.ngram import NGramHash
+from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher, parse_window
+from sglang_ssd_stream.sidecar.row_cache import RowCache
+
+EOS = 7
+HASH = NGramHash.from_config(unigram_vocab_size=1000, eos_token_id=EOS, ngram_vocab_size_base=1000)
+HASH1 = NGramHash.from_config(unigram_vocab_size=1000, eos_token_id=EOS, ngram_vocab_size_base=1000, ple_layer_index=1)
+RB = 160
+CHUNK = 256
+
+
+@pytest.fixture
+def table(tmp_path) -> SidecarTable:
+    rows = max(HASH.rows, HASH1.rows)
+    path = tmp_path / "t.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, rows * RB, dtype=np.uint8).tobytes())
+    return SidecarTable(0, path.name, path, "0" * 64, "float8_e4m3fn", rows, 160, 0, rows * RB)
+
+
+def cache(table, **kw) -> RowCache:
+    return RowCache(SidecarReader(table, max_rows=CHUNK * 16), np.zeros((60_000, RB), np.uint8), workers=2, **kw)
+
+
+class Recorder:
+    """A row source that records what it was asked to prefetch (and can be slowed or broken)."""
+
+    def __init__(self, gate: threading.Event | None = None, fail_first: bool = False):
+        self.calls, self.gate, self.fail_first = [], gate, fail_first
+
+    def prefetch(self, ids):
+        if self.gate is not None:
+            self.gate.wait()
+        if self.fail_first and not self.calls:
+            self.calls.append(None)
+            raise OSError("disk gone")
+        self.calls.append(np.asarray(ids).copy())
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    t = np.random.default_rng(seed).integers(0, 1000, n)
+    t[::97] = EOS
+    return t.tolist()
+
+
+def chunk(tokens, a, b, h=HASH):
+    return h.chunk_ids(tokens, a, b)
+
+
+def test_the_chunk_being_computed_and_the_window_after_it_are_fetched_nothing_more(table):
+    tokens = prompt(4000)
+    with cache(table) as c:
+        p = PromptPrefetcher([(HASH, c)], chunk_tokens=CHUNK, window=2)
+        p.scheduled("r", tokens, 0, CHUNK)
+        assert p.drain(60)
+        for k in range(3):
+            assert c.contains(chunk(tokens, k * CHUNK, (k + 1) * CHUNK)).all()
+        fetched = np.unique(np.concatenate([chunk(tokens, 0, 3 * CHUNK)]))
+        later = chunk(tokens, 3 * CHUNK, 4000)
+        np.testing.assert_array_equal(c.contains(later), np.isin(later, fetched))  # nothing beyond the window
+        assert p.stats.chunks_fetched == 3 and not p.stats.errors
+        p.close()
+
+
+def test_the_lookup_after_prefetch_reads_nothing(table):
+    tokens = prompt(1000, 1)
+    with cache(table) as c:
+        p = PromptPrefetcher([(HASH, c)], chunk_tokens=CHUNK, window=1)
+        p.scheduled("r", tokens, 0, CHUNK)
+        assert p.drain(60)
+        before = c.stats
+        ids = chunk(tokens, CHUNK, 2 * CHUNK)  # the next chunk, fetched ahead
+        out = np.empty((ids.size, RB), np.uint8)
+        c.read_rows(ids, out)
+        after = c.stats
+        p.close()
+    assert after["rows_read"] == before["rows_read"] and after["hits"] - before["hits"] == ids.size
+    assert after["prefetch_hits"] > 0
+
+
+def test_scheduled_returns_while_the_disk_is_still_reading(table):
+    """The scheduler's call only queues: it is back while the (slowed) read of the chunk is in flight."""
+    tokens = prompt(600, 2)
+    with cache(table, _debug_delay_us=400_000) as c:
+        p = PromptPrefetcher([(HASH, c)], chunk_tokens=CHUNK, window=0)
+        p.scheduled("r", tokens, 0, CHUNK)
+        assert not c.contains(chunk(tokens, 0, CHUNK)).any()  # still being read
+        assert p.drain(60)
+        assert c.contains(chunk(tokens, 0, CHUNK)).all()
+        p.close()
+
+
+def test_chunks_are_fetched_once_each_in_the_order_scheduled():
+    rec = Recorder()
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=1)
+    a, b = prompt(3 * CHUNK, 3), prompt(2 * CHUNK + 10, 4)
+    p.scheduled("a", a, 0, CHUNK)  # a: chunks 0, 1
+    p.scheduled("b", b, 0, CHUNK)  # b: chunks 0, 1
+    p.scheduled("a", a, CHUNK, 2 * CHUNK)  # a advances: chunk 2 only
+    p.scheduled("a", a, CHUNK, 2 * CHUNK)  # the same step again: nothing new
+    p.scheduled("b", b, CHUNK, 2 * CHUNK)  # b: its 10-token tail
+    assert p.drain(60)
+    want = [chunk(a, 0, CHUNK), chunk(a, CHUNK, 2 * CHUNK), chunk(b, 0, CHUNK), chunk(b, CHUNK, 2 * CHUNK),
+            chunk(a, 2 * CHUNK, 3 * CHUNK), chunk(b, 2 * CHUNK, 2 * CHUNK + 10)]
+    assert len(rec.calls) == len(want)
+    for got, w in zip(rec.calls, want):
+        np.testing.assert_array_equal(got, w)
+    p.close()
+
+
+def test_a_prefix_cache_hit_starts_fetching_at_the_first_computed_token():
+    rec = Recorder()
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=0)
+    tokens = prompt(4 * CHUNK, 5)
+    p.scheduled("r", tokens, 2 * CHUNK + 5, 3 * CHUNK + 5)
+    assert p.drain(60)
+    np.testing.assert_array_equal(rec.calls[0], chunk(tokens, 2 * CHUNK + 5, 3 * CHUNK + 5))  # history: the 2 before
+    assert len(rec.calls) == 1
+    p.close()
+
+
+def test_a_finished_request_drops_its_queued_chunks():
+    gate = threading.Event()
+    rec = Recorder(gate)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=3)
+    done, live = prompt(4 * CHUNK, 6), prompt(CHUNK, 7)
+    p.scheduled("done", done, 0, CHUNK)  # 4 chunks queued; the thread blocks on the first
+    p.scheduled("live", live, 0, CHUNK)
+    p.finished("done")
+    gate.set()
+    assert p.drain(60)
+    assert p.stats.chunks_dropped >= 3
+    fetched = [c for c in rec.calls]
+    assert not any(np.array_equal(f, chunk(done, k * CHUNK, (k + 1) * CHUNK)) for f in fetched for k in (1, 2, 3))
+    np.testing.assert_array_equal(fetched[-1], chunk(live, 0, CHUNK))
+    p.close()
+
+
+def test_every_layer_gets_its_own_hash():
+    r0, r1 = Recorder(), Recorder()
+    p = PromptPrefetcher([(HASH, r0), (HASH1, r1)], chunk_tokens=CHUNK, window=0)
+    tokens = prompt(CHUNK, 8)
+    p.scheduled("r", tokens, 0, CHUNK)
+    assert p.drain(60)
+    np.testing.assert_array_equal(r0.calls[0], chunk(tokens, 0, CHUNK, HASH))
+    np.testing.assert_array_equal(r1.calls[0], chunk(tokens, 0, CHUNK, HASH1))
+    assert not np.array_equal(r0.calls[0], r1.calls[0])
+    p.close()
+
+
+def test_a_failing_prefetch_is_recorded_and_later_chunks_still_go():
+    rec = Recorder(fail_first=True)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=1)
+    tokens = prompt(2 * CHUNK, 9)
+    p.scheduled("r", tokens, 0, CHUNK)  # does not raise
+    assert p.drain(60)
+    assert p.stats.errors == ["OSError: disk gone"] and p.stats.chunks_fetched == 1
+    np.testing.assert_array_equal(rec.calls[-1], chunk(tokens, CHUNK, 2 * CHUNK))
+    p.close()
+
+
+def test_window_knob():
+    assert parse_window("X", None) == 2 and parse_window("X", " 0 ") == 0
+    for raw, msg in (("two", "not an integer"), ("-1", "out of range"), ("65", "out of range")):
+        with pytest.raises(ValueError, match=msg):
+            parse_window("SGLANG_SSD_STREAM_PREFETCH_CHUNKS", raw)
+    with pytest.raises(ValueError, match="at least one PLE layer"):
+        PromptPrefetcher([], chunk_tokens=CHUNK)

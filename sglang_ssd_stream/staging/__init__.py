@@ -1,7 +1,8 @@
 """Engine-neutral GPU staging of PLE sidecar rows, shared by the SGLang hooks and the vLLM backends.
 
 - :mod:`.gather`: :class:`~.gather.SidecarGather`, ids on the device -> sidecar rows in fixed pinned
-  host memory -> rows on the device, eager (a worker thread) or captured in a CUDA graph;
+  host memory -> rows on the device (converted to BF16 for SGLang, raw lookup-dtype bytes for
+  vLLM), eager (a worker thread) or captured in a CUDA graph;
 - :mod:`.native_read` (+ ``native_read.c``): the captured read as a native host-node function;
 - :mod:`.hostfunc`: ``cuLaunchHostFunc``;
 - :mod:`.kernels`: the FP8/BF16 -> BF16 conversion kernel (Triton);

@@ -247,3 +247,9 @@ def keep_for_graphs(node: NativeRead) -> NativeRead:
     with _kept_lock:
         _kept.append(node)
     return node
+
+
+def captured_read(reader: MappedReader | SidecarReader, ids: np.ndarray, out: np.ndarray, *, what: str) -> NativeRead:
+    """The host node :class:`~.gather.SidecarGather` captures for the two sidecar readers: a
+    :class:`NativeRead`, kept for the rest of the process (:func:`keep_for_graphs`)."""
+    return keep_for_graphs(NativeRead(reader, ids, out, what=what))

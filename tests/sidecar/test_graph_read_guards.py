@@ -17,12 +17,14 @@ def test_a_capture_larger_than_the_graph_slot_is_refused(table):
     torch = pytest.importorskip("torch")
     from sglang_ssd_stream.staging.gather import SidecarGather, StagingCapacityError
 
-    g = SidecarGather(MappedReader(table, max_rows=64, workers=1), columns=table.columns, is_fp8=True,
-                      capacity_rows=64, device="cpu", graph_rows=16)
-    assert g.graph_rows == 0  # no CUDA: no graph slot at all
-    with pytest.raises(StagingCapacityError, match="captured PLE lookup needs 4 rows but the graph slot holds 0"):
-        g.capture(torch.zeros(4, dtype=torch.int64), torch.empty((4, table.columns), dtype=torch.bfloat16), None)
-    g.close()
+    for graph_rows in (0, 16):
+        g = SidecarGather(MappedReader(table, max_rows=64, workers=1), columns=table.columns, is_fp8=True,
+                          capacity_rows=64, device="cpu", graph_rows=graph_rows)
+        n = graph_rows + 1
+        with pytest.raises(StagingCapacityError,
+                           match=f"captured PLE lookup needs {n} rows but the graph slot holds {graph_rows}"):
+            g.capture(torch.zeros(n, dtype=torch.int64), torch.empty((n, table.columns), dtype=torch.bfloat16), None)
+        g.close()
 
 
 def _resident(path) -> float:

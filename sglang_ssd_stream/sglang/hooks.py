@@ -156,7 +156,8 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
         reader = open_reader(table, io, vocab_start=lo, vocab_end=hi, max_rows=rows, workers=workers)
         emb._ssd_stream = SidecarGather(reader, columns=emb.embedding_dim,
                                         is_fp8=emb.weight.dtype == torch.float8_e4m3fn, capacity_rows=rows,
-                                        device=device, mode=mode, graph_rows=rows if config.graphs_enabled() else 0)
+                                        device=device, mode=mode, graph_rows=rows if config.graphs_enabled() else 0,
+                                        capacity_hint=f"; raise {config.MAX_TOKENS_ENV} or lower the chunk size")
         emb._ssd_stream_layer = layer
         bound[layer] = emb
         log.info("PLE layer %d: sidecar %s rows [%d, %d), %s reads x %d, %s, working set %.1f MiB", layer, table.file,

@@ -1,21 +1,30 @@
 #!/bin/sh
 # Build an isolated runtime for Qwen3.8 Flash-Next: a venv with the pinned engine and this kit,
 # the kit's source patches applied and verified, and the CLI linked into ~/.local/bin.
+# Every wheel is hash-checked: pip install --require-hashes --no-deps -r hashes/locks/<engine>-<release>-
+# py<XY>-<arch>.txt (the engine, its whole dependency set, the kit's dependencies and build backend).
 # Re-running on an installed runtime is a verified no-op. No sudo; nothing is piped into a shell.
 set -eu
 
 usage() {
     cat <<'USAGE'
-usage: ./install.sh [--engine sglang|vllm] [--prefix DIR] [--bin-dir DIR] [--python PY] [--dry-run | --check]
+usage: ./install.sh [--engine sglang|vllm] [--prefix DIR] [--bin-dir DIR] [--python PY]
+                    [--lock FILE | --unlocked] [--dry-run | --check]
 
   --engine    engine to install (default: sglang)
   --prefix    runtime root (default: ${XDG_DATA_HOME:-$HOME/.local/share}/sglang-ssd-stream)
   --bin-dir   where the CLI links go (default: $HOME/.local/bin)
   --python    interpreter for the venv (default: python3; CPython 3.11-3.13)
+  --lock      install from this lock instead of hashes/locks/<engine>-<release>-py<XY>-<arch>.txt
+              (every line must still carry its SHA-256; pip refuses anything else)
+  --unlocked  install WITHOUT hash checking (pip resolves <engine>==<release> and its dependencies
+              from the index as they are today); source files are still hash-checked by patch apply
   --dry-run   print what would be done, change nothing
   --check     exit 0 only if the runtime is installed, current and verified; change nothing
 
-exit codes: 0 ok, 1 --check found a problem, 2 refused (unsupported platform, unknown source state), 64 usage
+exit codes: 0 ok, 1 --check found a problem, 2 refused (unsupported platform, no lock, a wheel whose
+hash does not match the lock, unknown source state), 4 pip failed for another reason (network, disk),
+64 usage
 USAGE
 }
 
@@ -24,18 +33,24 @@ prefix=${XDG_DATA_HOME:-$HOME/.local/share}/sglang-ssd-stream
 bin_dir=$HOME/.local/bin
 python=python3
 mode=install
+lock=
+unlocked=0
 while [ $# -gt 0 ]; do
     case $1 in
         --engine) [ $# -ge 2 ] || { usage >&2; exit 64; }; engine=$2; shift 2 ;;
         --prefix) [ $# -ge 2 ] || { usage >&2; exit 64; }; prefix=$2; shift 2 ;;
         --bin-dir) [ $# -ge 2 ] || { usage >&2; exit 64; }; bin_dir=$2; shift 2 ;;
         --python) [ $# -ge 2 ] || { usage >&2; exit 64; }; python=$2; shift 2 ;;
+        --lock) [ $# -ge 2 ] || { usage >&2; exit 64; }; lock=$2; shift 2 ;;
+        --unlocked) unlocked=1; shift ;;
         --dry-run) mode=dry-run; shift ;;
         --check) mode=check; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown option $1" >&2; usage >&2; exit 64 ;;
     esac
 done
+
+[ -z "$lock" ] || [ $unlocked -eq 0 ] || { echo "install.sh: --lock and --unlocked exclude each other" >&2; exit 64; }
 
 say() { printf 'install.sh: %s\n' "$*"; }
 refuse() { printf 'install.sh: refusing: %s\n' "$*" >&2; exit 2; }
@@ -67,19 +82,52 @@ pin=$("$python" "$repo/sglang_ssd_stream/patching/engines.py" "$engine")
 runtime=$prefix/$engine-$pin
 venv=$runtime/venv
 vpy=$venv/bin/python
-# Fingerprint of the kit as shipped (code, patches, manifests): a change means reinstalling it.
+# Fingerprint of the kit as shipped (code, patches, manifests, locks): a change means reinstalling it.
 kit_sha=$(cd "$repo" && find pyproject.toml sglang_ssd_stream vllm_ple_offload patches hashes \
     -name __pycache__ -prune -o -type f -print | LC_ALL=C sort | xargs cat | "$python" -c \
     'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+sha_of() { "$python" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"; }
 
-engine_ok() { [ -f "$venv/.engine-$engine-$pin" ] && [ -x "$vpy" ]; }
+# --- which wheels: the lock for this engine release, Python and architecture (or --unlocked)
+pytag=$(printf '%s' "$pyver" | tr -d .)
+if [ $unlocked -eq 1 ]; then
+    engine_id=unlocked
+    {
+        echo "install.sh: WARNING: --unlocked: installing $engine==$pin, its dependencies and the kit's"
+        echo "install.sh: WARNING: WITHOUT hash checking. pip takes whatever the index serves today: the wheels"
+        echo "install.sh: WARNING: are not compared with hashes/locks/, so a changed, substituted or tampered"
+        echo "install.sh: WARNING: wheel is installed as is. Engine source files are still hash-checked by"
+        echo "install.sh: WARNING: patch apply. Use it only where no lock exists for this platform."
+    } >&2
+else
+    lock=${lock:-$repo/hashes/locks/$engine-$pin-py$pytag-$arch.txt}
+    [ -f "$lock" ] || refuse "no lock $lock for $engine $pin on CPython $pyver $arch; scripts/lock.py writes one (or use --unlocked to install without hash checking)"
+    engine_id=$(sha_of "$lock")
+fi
+
+installed_from() { cat "$venv/.engine-$engine-$pin" 2>/dev/null || true; }
+# A venv is current when it was installed from this very lock (its SHA-256 is recorded); --unlocked
+# accepts whatever venv is there.
+engine_ok() {
+    [ -x "$vpy" ] && [ -n "$(installed_from)" ] && { [ "$engine_id" = unlocked ] || [ "$(installed_from)" = "$engine_id" ]; }
+}
 kit_ok() { [ "$(cat "$runtime/kit.sha256" 2>/dev/null || true)" = "$kit_sha" ]; }
 link_ok() { [ "$(readlink "$bin_dir/$cli" 2>/dev/null || true)" = "$venv/bin/$cli" ]; }
 
 if [ "$mode" = check ]; then
     problems=0
-    engine_ok || { say "no $engine $pin venv at $venv"; problems=1; }
+    if ! engine_ok; then
+        if [ -f "$venv/.engine-$engine-$pin" ]; then
+            say "the $engine $pin venv at $venv was installed from another lock (or --unlocked) than $engine_id"
+        else
+            say "no $engine $pin venv at $venv"
+        fi
+        problems=1
+    fi
     kit_ok || { say "the kit in $runtime is missing or older than $repo"; problems=1; }
+    if [ "$(installed_from)" = unlocked ]; then
+        say "note: the $engine venv was installed --unlocked: its wheels were never hash-checked"
+    fi
     if engine_ok; then
         "$venv/bin/$cli" patch verify --python "$vpy" || problems=1
     fi
@@ -90,28 +138,82 @@ fi
 
 run() {
     if [ "$mode" = dry-run ]; then
-        say "would run: $*"
+        if [ "$1" = pip_install ]; then
+            shift
+            say "would run: $vpy -m pip install $*"
+        else
+            say "would run: $*"
+        fi
     else
         "$@"
     fi
 }
 
 say "runtime: $runtime ($engine $pin, Python $pyver, $arch)"
+pip_install() {  # pip_install ARGS...: hash-checked unless --unlocked; a failure removes what this run made
+    log=$(mktemp)
+    if "$vpy" -m pip install --disable-pip-version-check -q "$@" >"$log" 2>&1; then
+        rm -f "$log"
+        return 0
+    fi
+    cat "$log" >&2
+    if grep -q "DO NOT MATCH THE HASHES\|Hashes are required\|hash mismatch" "$log"; then
+        why="a distribution does not match its SHA-256 in $lock (pip's report above); refusing to install it"
+        code=2
+    else
+        why="pip could not install from ${lock:-the index} (its output above)"
+        code=4
+    fi
+    rm -f "$log"
+    if [ "$created_runtime" = 1 ]; then
+        rm -rf "$runtime"
+        printf 'install.sh: %s. Removed %s; nothing was installed.\n' "$why" "$runtime" >&2
+    elif [ "$created_venv" = 1 ]; then
+        rm -rf "$venv"
+        printf 'install.sh: %s. Removed %s; nothing was installed.\n' "$why" "$venv" >&2
+    else
+        printf 'install.sh: %s. The runtime %s is as it was.\n' "$why" "$runtime" >&2
+    fi
+    exit $code
+}
+created_runtime=0
+created_venv=0
+[ -d "$runtime" ] || created_runtime=1
 if engine_ok; then
-    say "$engine $pin venv: present"
+    if [ "$(installed_from)" = unlocked ]; then
+        say "$engine $pin venv: present (installed --unlocked: its wheels were never hash-checked)"
+    else
+        say "$engine $pin venv: present (installed from the lock with SHA-256 $(installed_from))"
+    fi
 else
-    say "$engine $pin venv: creating (downloads ~2-3 GB; about 5 minutes)"
+    if [ $unlocked -eq 1 ]; then
+        say "$engine $pin venv: creating WITHOUT hash checking (downloads ~2-3 GB; about 5 minutes)"
+    else
+        say "$engine $pin venv: creating from $lock, every wheel hash-checked (downloads ~2-3 GB; about 5 minutes)"
+    fi
+    created_venv=1
     run rm -rf "$venv"
     run mkdir -p "$runtime"
     run "$python" -m venv "$venv"
-    run "$vpy" -m pip install --disable-pip-version-check -q "$engine==$pin"
-    run touch "$venv/.engine-$engine-$pin"
+    if [ $unlocked -eq 1 ]; then
+        run pip_install "$engine==$pin"
+    else
+        run pip_install --require-hashes --no-deps -r "$lock"
+    fi
+    if [ "$mode" = install ]; then
+        printf '%s\n' "$engine_id" > "$venv/.engine-$engine-$pin"
+    fi
 fi
 if kit_ok; then
     say "kit: current"
 else
     say "kit: installing from $repo"
-    run "$vpy" -m pip install --disable-pip-version-check -q "$repo"
+    if [ $unlocked -eq 1 ]; then
+        run pip_install "$repo"
+    else
+        # Its dependencies and setuptools (the build backend) came from the lock: nothing unhashed is fetched.
+        run pip_install --no-deps --no-build-isolation "$repo"
+    fi
     if [ "$mode" = install ]; then
         printf '%s\n' "$kit_sha" > "$runtime/kit.sha256.tmp"
         mv -f "$runtime/kit.sha256.tmp" "$runtime/kit.sha256"

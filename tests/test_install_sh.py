@@ -56,18 +56,81 @@ def test_usage_errors(args):
     assert run(args).returncode == 64
 
 
+PY = f"py{sys.version_info.major}{sys.version_info.minor}"
+ARCH = os.uname().machine
+
+
 def test_dry_run_changes_nothing(tmp_path):
     r = run(["--dry-run", "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
     assert r.returncode == 0, r.stderr
-    assert "would run:" in r.stdout and "sglang==0.5.23" in r.stdout
+    lock = REPO / "hashes" / "locks" / f"sglang-0.5.23-{PY}-{ARCH}.txt"
+    assert f"would run: {tmp_path}/rt/sglang-0.5.23/venv/bin/python -m pip install --require-hashes --no-deps " \
+           f"-r {lock}" in r.stdout, r.stdout
+    assert "WITHOUT hash checking" not in r.stdout + r.stderr
     assert not (tmp_path / "rt").exists() and not (tmp_path / "bin").exists()
 
 
 def test_dry_run_vllm_engine(tmp_path):
     r = run(["--engine", "vllm", "--dry-run", "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
     assert r.returncode == 0, r.stderr
-    assert "vllm==0.33.0" in r.stdout and "vllm-ple-offload patch apply" in r.stdout
+    assert f"-r {REPO}/hashes/locks/vllm-0.33.0-{PY}-{ARCH}.txt" in r.stdout and "vllm-ple-offload patch apply" in r.stdout
     assert not (tmp_path / "rt").exists()
+
+
+def test_unlocked_says_loudly_what_it_skips(tmp_path):
+    r = run(["--unlocked", "--dry-run", "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
+    assert r.returncode == 0, r.stderr
+    assert "WARNING: --unlocked" in r.stderr and "WITHOUT hash checking" in r.stderr
+    assert "would run:" in r.stdout and "pip install sglang==0.5.23" in r.stdout and "--require-hashes" not in r.stdout
+    assert not (tmp_path / "rt").exists()
+
+
+def test_missing_lock_is_refused(tmp_path):
+    r = run(["--lock", str(tmp_path / "none.txt"), "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "b")])
+    assert r.returncode == 2 and f"no lock {tmp_path}/none.txt" in r.stderr and "--unlocked" in r.stderr
+    assert not (tmp_path / "rt").exists()
+
+
+def _wheel(dest: Path, name: str, version: str = "1.0") -> Path:
+    """A minimal valid pure-Python wheel, so the hash test needs no index."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": b"VALUE = 1\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},"
+                     f"{len(d)}\n" for p, d in files.items()) + f"{dist}/RECORD,,\n"
+    path = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for p, d in files.items():
+            zf.writestr(p, d)
+        zf.writestr(f"{dist}/RECORD", record)
+    return path
+
+
+def test_lock_with_one_wrong_hash_installs_nothing(tmp_path):
+    """pip --require-hashes refuses the wheel whose SHA-256 differs; install.sh says so, exits 2 and removes
+    the runtime it had started (no venv, no link). Offline: a local wheel directory stands in for the index."""
+    import hashlib
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    good, bad = _wheel(wheels, "tinyone"), _wheel(wheels, "tinytwo")
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"tinyone==1.0 \\\n    --hash=sha256:{hashlib.sha256(good.read_bytes()).hexdigest()}\n"
+                    f"tinytwo==1.0 \\\n    --hash=sha256:{'0' * 64}\n")
+    prefix, bindir = tmp_path / "rt", tmp_path / "bin"
+    r = run(["--lock", str(lock), "--prefix", str(prefix), "--bin-dir", str(bindir)], timeout=600,
+            env_extra={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_CONSTRAINT": "",
+                       "PIP_CONFIG_FILE": os.devnull})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "DO NOT MATCH THE HASHES" in r.stderr  # pip's own report, shown
+    assert f"a distribution does not match its SHA-256 in {lock}" in r.stderr
+    assert f"Removed {prefix}/sglang-0.5.23; nothing was installed." in r.stderr
+    assert not (prefix / "sglang-0.5.23").exists() and not bindir.exists()
 
 
 def test_check_on_missing_runtime_fails(tmp_path):
@@ -93,9 +156,13 @@ def test_real_install_then_verified_noop_rerun(tmp_path):
     again = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], timeout=600)
     elapsed = time.monotonic() - t0
     assert again.returncode == 0, again.stdout + again.stderr
-    for line in ("sglang 0.5.23 venv: present", "kit: current", "already patched: nothing to do",
-                 "verified: every file is patched"):
+    for line in ("sglang 0.5.23 venv: present (installed from the lock with SHA-256", "kit: current",
+                 "already patched: nothing to do", "verified: every file is patched"):
         assert line in again.stdout, again.stdout
+    # The engine came from a wheel the manifest knows (its RECORD says which).
+    status = subprocess.run([str(venv / "bin" / "sglang-ssd-stream"), "patch", "status", "--python",
+                             str(venv / "bin" / "python")], capture_output=True, text=True, timeout=300)
+    assert status.returncode == 0 and "wheel       installed from sglang-0.5.23-cp" in status.stdout, status.stdout
     print(f"re-run of install.sh took {elapsed:.1f}s (target < 30 s)")
 
     assert run(["--check", "--prefix", str(prefix), "--bin-dir", str(bindir)]).returncode == 0

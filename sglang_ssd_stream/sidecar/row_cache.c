@@ -820,13 +820,18 @@ typedef struct {
     uint8_t *out;
     int64_t n;
     int64_t calls;
+    int32_t closed; /* set by the owner (the gather) when it is closed: a later replay ends the process */
     char what[128];
 } rc_host_t;
 
 void rc_host_read(void *arg) {
     rc_host_t *h = (rc_host_t *)arg;
     char err[512];
-    const int rc = rc_read(h->cache, h->ids, h->n, h->out, 0, err, sizeof err);
+    int rc = -3;
+    if (__atomic_load_n(&h->closed, __ATOMIC_ACQUIRE))
+        snprintf(err, sizeof err, "the PLE row cache read was closed while a graph that replays it can still run");
+    else
+        rc = rc_read(h->cache, h->ids, h->n, h->out, 0, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr,
                 "sglang-ssd-stream: %s failed inside a CUDA stream/graph: %s\n"
@@ -841,7 +846,7 @@ void rc_host_read(void *arg) {
 int rc_host_layout(size_t *out, int cap) {
     const size_t v[] = {sizeof(rc_host_t), offsetof(rc_host_t, cache), offsetof(rc_host_t, ids),
                         offsetof(rc_host_t, out), offsetof(rc_host_t, n), offsetof(rc_host_t, calls),
-                        offsetof(rc_host_t, what)};
+                        offsetof(rc_host_t, closed), offsetof(rc_host_t, what)};
     const int n = (int)(sizeof v / sizeof v[0]);
     for (int i = 0; i < n && i < cap; i++) out[i] = v[i];
     return n;

@@ -96,7 +96,7 @@ class _HostRead(ctypes.Structure):
     """``rc_host_t`` of row_cache.c (``rc_host_layout`` checks the layout)."""
 
     _fields_ = [("cache", ctypes.c_void_p), ("ids", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", ctypes.c_int64),
-                ("calls", ctypes.c_int64), ("what", ctypes.c_char * 128)]
+                ("calls", ctypes.c_int64), ("closed", ctypes.c_int32), ("what", ctypes.c_char * 128)]
 
 
 _lib: ctypes.CDLL | None = None
@@ -439,7 +439,7 @@ class HostRead:
             raise ValueError(f"out must be contiguous uint8 [{ids.shape[0]}, {cache.row_bytes}], got {out.dtype} {out.shape}")
         self.cache, self._keep = cache, (ids, out, cache.rows)
         self._struct = _HostRead(cache=cache._c, ids=ids.ctypes.data, out=out.ctypes.data, n=ids.shape[0], calls=0,
-                                 what=what.encode()[:127])
+                                 closed=0, what=what.encode()[:127])
 
     @property
     def function(self) -> int:
@@ -455,6 +455,16 @@ class HostRead:
 
     def run(self) -> None:
         self.cache._lib.rc_host_read(self.argument)
+
+    def close(self) -> None:
+        """Later replays end the process with a message; memory stays (a replay may be running)."""
+        self._struct.closed = 1
+
+
+def captured_read(cache: RowCache, ids: np.ndarray, out: np.ndarray, *, what: str) -> HostRead:
+    """``SidecarGather``'s ``host_read`` seam for a row cache: the captured read of ``ids`` into
+    ``out`` as the cache's native host function (``SidecarGather(cache, ..., host_read=captured_read)``)."""
+    return cache.host_read(ids, out, what=what)
 
 
 # ----------------------------------------------------------------------------- simulation
@@ -506,6 +516,6 @@ def _release_sim(lib, handle) -> None:
     lib.rc_free(handle)
 
 
-__all__ = ["RowCache", "HostRead", "CacheSimulator", "capacity_for_budget", "metadata_bytes", "fixed_bytes",
+__all__ = ["RowCache", "HostRead", "captured_read", "CacheSimulator", "capacity_for_budget", "metadata_bytes", "fixed_bytes",
            "parse_budget_mb", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES", "SGLANG_BUDGET_ENV",
            "VLLM_BUDGET_ENV", "PROFILE_DEFAULT_MB"]

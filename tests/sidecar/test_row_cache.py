@@ -35,6 +35,7 @@ from sglang_ssd_stream.sidecar.row_cache import (
     CacheSimulator,
     RowCache,
     capacity_for_budget,
+    captured_read,
     fixed_bytes,
     load,
     metadata_bytes,
@@ -411,9 +412,13 @@ def test_host_read_runs_on_a_native_thread(table):
             assert handle and lib.rc_test_join(handle) == 0
             np.testing.assert_array_equal(out, expect(ids, 0, ROWS))
         assert node.calls == 2
+        assert captured_read(c, ids, out, what="x").function == node.function  # the gather's host_read seam
 
 
-def test_host_read_after_close_ends_the_process_with_a_message(tmp_path):
+@pytest.mark.parametrize("closing,message", [
+    ("c.close()", "the PLE row cache is closed"),
+    ("node.close()", "the PLE row cache read was closed while a graph that replays it can still run")])
+def test_host_read_after_close_ends_the_process_with_a_message(tmp_path, closing, message):
     script = textwrap.dedent(f"""
         import numpy as np, sys
         sys.path.insert(0, {str(REPO)!r})
@@ -424,7 +429,7 @@ def test_host_read_after_close_ends_the_process_with_a_message(tmp_path):
         c = cache_of(make_table(Path({str(tmp_path)!r}) / "t.bin"), 10)
         ids, out = np.array([1], np.int64), np.zeros((1, 160), np.uint8)
         node = c.host_read(ids, out, what="PLE layer 3 row cache read")
-        c.close()
+        {closing}
         lib = load()
         lib.rc_test_join(lib.rc_test_start(node.function, node.argument))
         print("not reached")
@@ -432,5 +437,5 @@ def test_host_read_after_close_ends_the_process_with_a_message(tmp_path):
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 70, p.stderr
-    assert "PLE layer 3 row cache read failed inside a CUDA stream/graph: the PLE row cache is closed" in p.stderr
+    assert f"PLE layer 3 row cache read failed inside a CUDA stream/graph: {message}" in p.stderr
     assert "not reached" not in p.stdout

@@ -94,12 +94,12 @@ def test_healthy_streaming_configuration_passes_with_the_escape_hatch(vllm, side
 
 
 def test_every_refusal_at_once(vllm, sidecar):
-    """A corrupted table, a 40 GiB fetch round, an allowlist without us, vLLM's default FULL graphs."""
+    """A corrupted table, a 40 GiB fetch round, an allowlist without us, vLLM's default FULL graphs (pread)."""
     table = sidecar.parent / "ple" / "layer-3.bin"
     data = bytearray(table.read_bytes())
     data[len(data) // 2] ^= 1
     table.write_bytes(bytes(data))
-    r = doctor(vllm, "--json", VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="mmap", VLLM_PLE_SIDECAR=str(sidecar),
+    r = doctor(vllm, "--json", VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="pread", VLLM_PLE_SIDECAR=str(sidecar),
                VLLM_PLE_ALLOW_UNPATCHED="1", VLLM_PLE_FETCH_WORKERS="256", VLLM_PLE_ROWS_PER_TASK="1048576",
                VLLM_PLUGINS="other")
     assert r.returncode == 2, r.stderr[-2000:]
@@ -110,7 +110,7 @@ def test_every_refusal_at_once(vllm, sidecar):
     assert "256 x 1,048,576 x 160 B = 40.00 GiB" in finding(doc, "fetch_round")["message"]
     assert finding(doc, "fetch_round")["fix"].startswith("lower VLLM_PLE_ROWS_PER_TASK to at most 6,553")
     assert "VLLM_PLUGINS='other' does not name ple_offload" in finding(doc, "plugin_allowlist")["message"]
-    assert finding(doc, "cudagraph_mode")["message"].startswith("cudagraph_mode=FULL_AND_PIECEWISE: mmap PLE backend")
+    assert finding(doc, "cudagraph_mode")["message"].startswith("cudagraph_mode=FULL_AND_PIECEWISE: pread PLE backend")
     assert "vLLM's default at -O2" in finding(doc, "cudagraph_mode")["message"]
 
 

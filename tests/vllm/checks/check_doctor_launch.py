@@ -65,17 +65,18 @@ def test_our_plugin_does_not_judge_the_doctors_own_environment(monkeypatch):
 def test_full_graph_rule():
     from vllm.config.compilation import CUDAGraphMode
 
-    s = env.read_settings(streaming("/nowhere"))
+    s = env.read_settings(streaming("/nowhere"))  # pread
     pinned = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1"})
+    mmap = env.read_settings(streaming("/nowhere", "mmap"))  # captured reads verified under FULL graphs
     refused = {m.name for m in CUDAGraphMode if doctor.full_graph_refusal(s, m)}
     assert refused == {m.name for m in CUDAGraphMode if m.has_full_cudagraphs()}
     assert {"FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"} <= refused and not {"PIECEWISE", "NONE"} & refused
-    assert not any(doctor.full_graph_refusal(pinned, m) for m in CUDAGraphMode)
+    assert not any(doctor.full_graph_refusal(x, m) for x in (pinned, mmap) for m in CUDAGraphMode)
 
 
 @pytest.mark.parametrize("backend", ["pread", "mmap"])
 def test_doctor_refuses_exactly_what_the_model_build_refuses(tmp_path, monkeypatch, backend):
-    """Whatever rule the embedding applies at build (today: no FULL graphs for streamed backends),
+    """Whatever rule the embedding applies at build (today: no FULL graphs for pread),
     the preflight's rule gives the same answer for every graph mode vLLM has."""
     from vllm.config.compilation import CUDAGraphMode
 

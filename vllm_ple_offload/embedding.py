@@ -8,11 +8,13 @@ not own and the existing all-reduce (int8 view for FP8) assembles full rows.
 
 - :class:`RegisteredPinnedPLEEmbedding` (``pinned``): upstream's class with one change, the
   table's host memory (see :mod:`.host_memory`). Lookup, prefetch, reduce are upstream's.
-- :class:`StreamedPLEEmbedding` (``mmap``/``sidecar``): the table stays in the sidecar; a
-  zero-element ``weight`` placeholder satisfies the loader (vLLM exempts empty placeholders from
-  its "not initialized from checkpoint" check), ``weight_scale`` is loaded as usual. Checkpoint
-  shards, if the model directory still has them, are not copied: one row per shard is compared
-  with the sidecar, and a difference stops the load.
+- :class:`StreamedPLEEmbedding` (``mmap``/``pread``): the table stays in the sidecar, read by
+  the engine-neutral reader (:func:`sglang_ssd_stream.sidecar.open_reader`) through the shared
+  staging (:class:`sglang_ssd_stream.staging.gather.SidecarGather`, eager or as a native host node
+  inside FULL CUDA graphs); a zero-element ``weight`` placeholder satisfies the loader (vLLM
+  exempts empty placeholders from its "not initialized from checkpoint" check), ``weight_scale``
+  is loaded as usual. Checkpoint shards, if the model directory still has them, are not copied:
+  one row per shard is compared with the sidecar, and a difference stops the load.
 - :class:`RefusedDeviceEmbedding`: with ``VLLM_PLE_CPU_OFFLOAD=1``, upstream's device-resident
   class is only chosen when ``--engram-config`` says ``cpu_offload: false``; that contradiction
   is refused instead of silently keeping the table on the GPU.
@@ -29,8 +31,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from sglang_ssd_stream.sidecar import check_model_shape, load_manifest
+from sglang_ssd_stream.sidecar import check_model_shape, load_manifest, open_reader
 from sglang_ssd_stream.sidecar.errors import SidecarChecksumMismatch, SidecarShapeMismatch
+from sglang_ssd_stream.staging.gather import SidecarGather
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.models.qwen4_exp.common.ngram_embedding import (
     Qwen4ExpPLEDeviceEmbedding,
@@ -43,9 +46,7 @@ from . import LOGGER_NAME, env
 from .errors import PleSettingsError
 from sglang_ssd_stream.staging.host_memory import account, allocate_registered, startup_line
 
-from .doctor import require_memlock
-from .row_sources import SOURCES
-from .streaming import StreamingGather
+from .doctor import full_graph_refusal, require_memlock
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -95,7 +96,21 @@ class RefusedDeviceEmbedding(Qwen4ExpPLEDeviceEmbedding):
 
 
 class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
-    """``mmap``/``sidecar``: rows streamed from the sidecar through host staging."""
+    """``mmap``/``pread``: rows streamed from the sidecar through the shared staging.
+
+    Lookup = :class:`~sglang_ssd_stream.staging.gather.SidecarGather` with raw output (the lookup
+    dtype's bytes, other ranks' rows zero) into the prefetch buffer, on this table's own prefetch
+    stream; then upstream's ETP all-reduce (FP8 as ``int8``) and DP slot selection.
+
+    - eager (no graph, or a breakable PIECEWISE graph, which runs the two ``eager_break`` methods
+      eagerly at every replay): ``start_prefetch`` enqueues the ids' D2H copy and returns; a worker
+      reads the rows and enqueues their H2D copy; ``_finalize_prefetch`` waits for that worker;
+    - inside a FULL CUDA-graph capture (``eager_break_during_capture`` runs the methods inside the
+      capture then): D2H of the ids -> native host node reading the rows -> H2D copy into the
+      prefetch buffer, all graph nodes replayed with the graph. Allowed for the backends in
+      :data:`.env.FULL_GRAPH_BACKENDS` (``mmap``); ``pread`` refuses FULL graphs at build
+      (bit-exact there too, but its per-row preads are not hidden behind a decode layer).
+    """
 
     supports_prefetch: ClassVar[bool] = True
     settings: ClassVar[env.PleSettings | None] = None
@@ -120,23 +135,30 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
         self.table = _manifest(str(settings.sidecar)).table(decoder_layer(prefix))
         check_model_shape(self.table, dtype=str(lookup_dtype), columns=embedding_dim, rows=self.org_vocab_size,
                           row_range=(start, end))
-        source = SOURCES[settings.backend](self.table, vocab_start=start, vocab_end=end,
-                                           total_rows=self.org_vocab_size, workers=settings.fetch_workers,
-                                           rows_per_task=settings.rows_per_task)
         self._device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self._prefetch_rows = max_total_tokens * self.etp_data_parallel_size
         self._num_ngram_heads = num_ngram_heads
         self._output_dim = num_ngram_heads * embedding_dim
         self._lookup_dtype = lookup_dtype
-        self._gather = StreamingGather(source, row_bytes=self.table.row_bytes,
-                                       max_ids=self._prefetch_rows * num_ngram_heads, device=self._device,
-                                       label=f"L{self.table.layer} {settings.backend}",
-                                       stats_interval=settings.stats_interval)
+        capacity = self._prefetch_rows * num_ngram_heads
+        self._reader = open_reader(self.table, settings.backend, vocab_start=start, vocab_end=end,
+                                   total_rows=self.org_vocab_size, workers=settings.fetch_workers,
+                                   rows_per_task=settings.rows_per_task,
+                                   max_rows=max(1, min(capacity, settings.fetch_workers * settings.rows_per_task)))
+        self._gather = SidecarGather(self._reader, columns=embedding_dim, is_fp8=lookup_dtype == torch.float8_e4m3fn,
+                                     capacity_rows=capacity, device=self._device, mode="h2d", output="raw",
+                                     graph_rows=_graph_tokens(max_total_tokens) * self.etp_data_parallel_size
+                                     * num_ngram_heads,
+                                     capacity_hint=_CAPACITY_HINT)
         self._prefetch_buffer: torch.Tensor | None = None
+        self._prefetch_stream: torch.cuda.Stream | None = None
         self._prefetch_alloc_lock = threading.Lock()
-        self._active_rows = 0
         self._checked_shards = 0
+        self._logged_at = 0
+        log.info("PLE %s: sidecar %s rows [%d, %d), %s reads x %d, staging %s eager + %s graph rows, working set %.1f MiB",
+                 prefix, self.table.file, start, end, settings.backend, settings.fetch_workers, capacity,
+                 self._gather.graph_rows, self._gather.working_set_bytes / 2**20)
 
     # ---------------------------------------------------------------- storage and loading
 
@@ -162,7 +184,7 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
         row = checkpoint_start + overlap.source_start
         want = loaded_weight[overlap.source_start].contiguous().view(torch.uint8).cpu().numpy()
         got = np.empty((1, self.table.row_bytes), dtype=np.uint8)
-        self._gather.source.read(np.array([row], dtype=np.int64), got)
+        self._reader.read_rows(np.array([row], dtype=np.int64), got)
         if not np.array_equal(got[0], want):
             raise SidecarChecksumMismatch(
                 f"{self.prefix}: sidecar {self.table.file} row {row} differs from the checkpoint shard starting at "
@@ -180,6 +202,8 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
                 if buffer is None:
                     if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                         raise RuntimeError("streamed PLE prefetch buffer must be allocated before CUDA-graph capture")
+                    if self._device.type == "cuda":
+                        self._prefetch_stream = torch.cuda.Stream(device=self._device)
                     buffer = torch.empty(self._prefetch_rows, self._num_ngram_heads, self.embedding_dim,
                                          dtype=self._lookup_dtype, device=self._device)
                     self._prefetch_buffer = buffer
@@ -187,24 +211,30 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
 
     @eager_break_during_capture
     def start_prefetch(self, ngram_ids: torch.Tensor) -> None:
-        """D2H of the ids, then the host gather starts in the background."""
-        if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(_FULL_GRAPH_MESSAGE.format(backend=self.settings.backend))
+        """Start the lookup of ``ngram_ids`` ([tokens, heads], int64 on the device) on the prefetch
+        stream; never waits for the GPU (see the class docstring)."""
+        if ngram_ids.dtype != torch.int64:
+            raise TypeError(f"{self.prefix}: PLE n-gram ids must be int64, got {ngram_ids.dtype}"
+                            + (" (floating-point ids are refused, not truncated)"
+                               if ngram_ids.dtype.is_floating_point else ""))
         buffer = self._buffer()
         slot_size, _ = self._get_dp_gather_slot(ngram_ids.shape[0])
         gathered = self._gather_dp_ids(ngram_ids, slot_size)
         if gathered.shape[0] > buffer.shape[0]:
             raise ValueError(f"streamed PLE prefetch buffer holds {buffer.shape[0]} rows, "
                              f"but the batch needs {gathered.shape[0]}")
-        self._active_rows = gathered.shape[0]
-        self._gather.start(gathered.reshape(-1).long())
+        rows = gathered.shape[0] * self._num_ngram_heads
+        out = buffer[: gathered.shape[0]].view(torch.uint8).view(rows, self.table.row_bytes)
+        self._gather.prefetch(gathered.reshape(-1), out, self._prefetch_stream)  # captured inside a FULL graph
+        lookups, interval = self._gather.stats.lookups, self.settings.stats_interval
+        if interval and lookups >= self._logged_at + interval:  # eager lookups only: a graph replays unseen
+            self._logged_at = lookups
+            log.info("PLE %s (%s): %s", self.prefix, self.settings.backend, self._gather.stats.line())
 
     @eager_break_during_capture
     def _finalize_prefetch(self, prefetch_output: torch.Tensor, output: torch.Tensor) -> None:
-        """H2D + expand into the buffer, then upstream's ETP reduce and DP slot selection."""
-        rows = self._active_rows
-        active = prefetch_output[:rows].view(torch.uint8).reshape(rows * self._num_ngram_heads, self.table.row_bytes)
-        self._gather.finish(active)
+        """Wait for the rows, then upstream's ETP reduce and DP slot selection."""
+        self._gather.join(self._prefetch_stream)  # eager: re-raises a refused id or a failed read
         slot_size, slot_offset = self._get_dp_gather_slot(output.shape[0])
         embeddings = prefetch_output[: slot_size * self.etp_data_parallel_size]
         if self.reduce_results:
@@ -226,18 +256,28 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
         raise RuntimeError("Streamed PLE embedding requires start_prefetch() and finalize_prefetch().")
 
 
-_FULL_GRAPH_MESSAGE = (
-    "{backend} PLE backend: the lookup reads rows on the host every step, which a FULL CUDA graph cannot replay; "
-    "start vLLM with --compilation-config '{{\"cudagraph_mode\": \"PIECEWISE\"}}' (breakable graphs then run the "
-    "lookup eagerly) or --enforce-eager, or use " + env.BACKEND + "=pinned")
+_CAPACITY_HINT = "; vLLM's --max-num-batched-tokens and max_cudagraph_capture_size set it"
+
+
+def _graph_tokens(max_total_tokens: int) -> int:
+    """Tokens of the largest batch vLLM may capture into a FULL graph (0 without FULL graphs)."""
+    from vllm.config import get_current_vllm_config
+
+    compilation = get_current_vllm_config().compilation_config
+    mode = compilation.cudagraph_mode
+    if mode is None or not mode.has_full_cudagraphs():
+        return 0
+    largest = compilation.max_cudagraph_capture_size
+    return max_total_tokens if largest is None else min(int(largest), max_total_tokens)
 
 
 def _refuse_full_cudagraphs(settings: env.PleSettings) -> None:
+    """The doctor's graph rule (:func:`.doctor.full_graph_refusal`), applied when vLLM builds the table."""
     from vllm.config import get_current_vllm_config
 
-    mode = get_current_vllm_config().compilation_config.cudagraph_mode
-    if mode is not None and mode.has_full_cudagraphs():
-        raise PleSettingsError(f"cudagraph_mode={mode.name}: " + _FULL_GRAPH_MESSAGE.format(backend=settings.backend))
+    refusal = full_graph_refusal(settings, get_current_vllm_config().compilation_config.cudagraph_mode)
+    if refusal:
+        raise PleSettingsError(refusal)
 
 
 def select_backend(settings: env.PleSettings) -> type:

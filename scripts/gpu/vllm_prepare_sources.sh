@@ -3,7 +3,8 @@
 # as `carry`), and write the patched QSA kernel module by applying patches/vllm/0001 with the kit's
 # own engine (both hash-checked against hashes/vllm-0.33.0.json). Run on the CPU machine:
 #   scripts/gpu/vllm_prepare_sources.sh [vllm-python [sglang-python]]   (default: the cached venvs)
-# sglang's vocab_parallel_embedding.py comes along for the SGLang side of vllm_tp2_ple_h200x2.py.
+# sglang's vocab_parallel_embedding.py comes along for the SGLang side of vllm_tp2_ple_h200x2.py, and a
+# static fio (scripts/gpu/build_static_fio.sh) for the disk numbers (`--fio .gpu/vllm-src/fio`).
 set -eu
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 py=${1:-$("$repo/scripts/engine-venv.sh" vllm)}
@@ -35,4 +36,5 @@ info = {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in 
 (out / "SOURCES.json").write_text(json.dumps(info, indent=1))
 print(json.dumps(info, indent=1))
 PY
+"$repo/scripts/gpu/build_static_fio.sh" "$out/fio"
 echo "wrote $out"

@@ -5,8 +5,9 @@ Self-contained for a machine with torch + triton and NO vLLM (device kind ``nvid
 each rank's row range comes from vLLM's own arithmetic (``pad_vocab_size`` and
 ``VocabParallelEmbedding._get_indices``, pulled out of a copy of
 ``model_executor/layers/vocab_parallel_embedding.py`` with ``ast``; vLLM pads the PLE table to
-``make_ngram_vocab_size_divisible_by``). Rows are delivered by our ``StreamingGather`` (shared
-sidecar reader or mapped file), zero for the other rank's rows, and combined the way vLLM's
+``make_ngram_vocab_size_divisible_by``). Rows are delivered by our ``SidecarGather`` with raw output
+(as ``StreamedPLEEmbedding`` builds it, over ``open_reader``: the mapped file or the ``pread`` reader),
+zero for the other rank's rows, and combined the way vLLM's
 ``_reduce_etp_embeddings`` does for FP8: an ``int8`` view all-reduced over NCCL.
 
 Checks (exit 1 if one fails), for random ids, ids at the shard boundary, and duplicates:
@@ -51,9 +52,11 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_ssd_stream.sidecar.format import load_manifest  # noqa: E402
 from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
+from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
-from vllm_ple_offload.row_sources import SOURCES  # noqa: E402
-from vllm_ple_offload.streaming import StreamingGather  # noqa: E402
+from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
+
+BACKENDS = ("mmap", "pread")
 
 ROW_BYTES = 160
 TOKENS = 2048
@@ -121,7 +124,7 @@ def cases(rows: int, bounds, n: int) -> dict[str, np.ndarray]:
 
 
 def drop_cache(path, g) -> None:
-    drop_page_cache(path, [g.source])
+    drop_page_cache(path, [g.reader])
 
 
 def sync(device):
@@ -129,10 +132,10 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def deliver(g: StreamingGather, ids: torch.Tensor, out: torch.Tensor, reduce: bool) -> None:
+def deliver(g: SidecarGather, ids: torch.Tensor, out: torch.Tensor, reduce: bool) -> None:
     """One TP rank's lookup as vLLM's streamed backend does it: rows, then the FP8 int8 all-reduce."""
-    g.start(ids)
-    g.finish(out)
+    g.prefetch(ids, out, None)
+    g.join(None)
     if reduce:
         dist.all_reduce(out.view(torch.int8))
 
@@ -155,10 +158,11 @@ def rank_main(rank: int, world: int, args) -> None:
             want = np.empty((n, ROW_BYTES), np.uint8)
             full.read_rows(ids, want)
             truth[name] = (torch.from_numpy(ids).to(device), torch.from_numpy(want).to(device))
-    for kind in sorted(SOURCES):
-        g = StreamingGather(SOURCES[kind](table, vocab_start=lo, vocab_end=hi, total_rows=table.rows,
-                                          workers=args.workers, rows_per_task=args.rows_per_task),
-                            row_bytes=ROW_BYTES, max_ids=n, device=device, label=f"tp{rank}-{kind}")
+    for kind in BACKENDS:
+        reader = open_reader(table, kind, vocab_start=lo, vocab_end=hi, total_rows=table.rows, workers=args.workers,
+                             rows_per_task=args.rows_per_task, max_rows=min(n, args.workers * args.rows_per_task))
+        g = SidecarGather(reader, columns=table.columns, is_fp8=True, capacity_rows=n, device=device, mode="h2d",
+                          output="raw")
         out = torch.empty((n, ROW_BYTES), dtype=torch.uint8, device=device)
         for name, (ids, want) in truth.items():
             out.fill_(0xAB)
@@ -188,8 +192,8 @@ def graph_check(g, truth, n, device) -> bool:
     torch.cuda.current_stream(device).wait_stream(s)
     ok = True
     for ids, want in truth.values():
-        g.start(ids)
-        g.finish(buf)  # eager, into the graph's fixed input buffer
+        g.prefetch(ids, buf, None)
+        g.join(None)  # eager, into the graph's fixed input buffer
         graph.replay()
         torch.cuda.synchronize(device)
         ok &= torch.equal(consumed, want)

@@ -168,10 +168,10 @@ class SidecarGather:
         device_slot = self.cuda and mode == "h2d" and output == "bf16"  # raw rows go straight into `out`
         self.rows_device = torch.empty((cap, rb), dtype=torch.uint8, device=self.device) if device_slot else None
         self.graph_rows_device = torch.empty((gr, rb), dtype=torch.uint8, device=self.device) if device_slot else None
-        if self.graph_rows > 0 and host_read is None and self.cuda:
+        if self.graph_rows > 0 and host_read is None:
             from .native_read import load
 
-            load()  # compile/load the host-node library now: at startup, not at the first capture
+            load()  # compile/load the host-node library now: at startup (a broken compiler stops the model load)
         self._pending: concurrent.futures.Future | None = None
         if self.cuda:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ple-stage-L{self.layer}")

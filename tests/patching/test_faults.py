@@ -163,3 +163,20 @@ def test_recovery_fault_then_recovery(tmp_path, monkeypatch, fault):
     monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)
     assert run_cli(kit, "status")[0] == EXIT_OK
     assert set(_states(kit).values()) == {"pristine"} and not _leftovers(kit)
+
+
+def test_guard_verdict_while_a_rollback_is_pending(tmp_path, monkeypatch):
+    """The plugins' and doctors' one verdict: a kept journal is 'pending', an error naming the fault and the fix."""
+    from sglang_ssd_stream.findings import ERROR
+    from sglang_ssd_stream.patching.guard import verdict
+
+    kit = write_kit(tmp_path)
+    inject(monkeypatch, "unlink sglang/srt/a.py.sglang-ssd-stream-orig", "EIO", sticky=True)
+    assert run_cli(kit, "apply")[0] == EXIT_ENVIRONMENT
+    v = verdict("sglang", site_packages=kit.site, root=kit.data)
+    assert v.state == "pending" and "EIO" in v.listing
+    (finding,) = [f for f in v.findings() if f.check == "source"]
+    assert finding.level == ERROR and "could not be rolled back" in finding.message
+    assert "sglang-ssd-stream patch status with write access" in finding.fix
+    monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)
+    assert verdict("sglang", site_packages=kit.site, root=kit.data).state == "pristine"  # recovered on the way

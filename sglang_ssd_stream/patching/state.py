@@ -20,14 +20,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def function_sha256(source: bytes, qualname: str) -> str | None:
     """SHA-256 of a function's exact source segment (``Class.method`` or ``function``); None if absent."""
     text = source.decode("utf-8")

@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_OK, KitError
+from ..errors import EXIT_OK, EXIT_REFUSED, KitError
 from . import commands
 from .engines import ENGINES
-from .state import PATCHED, PRISTINE
+from .state import MISSING, PATCHED, PRISTINE, UNKNOWN
 from .target import from_python, from_site_packages
 from .transaction import Interrupted
 
@@ -137,6 +137,8 @@ def run_patch_command(args, engine_name: str) -> int:
                               "message": exc.message, "exit_code": exc.exit_code}, indent=1))
         print(f"{engine.name}: {exc.message}", file=sys.stderr)
         return exc.exit_code
+    if args.verb == "status" and report.exit_code == EXIT_OK and any(f.state in (UNKNOWN, MISSING) for f in report.files):
+        report.exit_code = EXIT_REFUSED  # the README's "2: unknown or missing source state", for status too
     if args.json:
         print(json.dumps(report.as_json(), indent=1))
     else:

@@ -57,6 +57,19 @@ class Report:
         }
 
 
+def public_release(release: str) -> str:
+    """``0.33.0+cu129`` -> ``0.33.0``: a local build label of a known release selects that release's
+    manifest; its files are then judged by their hashes like any other install (a build whose files
+    differ is refused as unknown). Anything else (rc, post, dev, unparsable) is compared as written."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        version = Version(release)
+    except InvalidVersion:
+        return release
+    return version.public if version.local else release
+
+
 def select_manifest(target: Target, root: Path | None = None) -> tuple[Manifest, list[Manifest]]:
     """The manifest of the installed release, refusing a release we do not know.
 
@@ -70,7 +83,7 @@ def select_manifest(target: Target, root: Path | None = None) -> tuple[Manifest,
             f"cannot tell which {target.engine.name} release is in {target.site_packages} (no "
             f"{target.engine.distribution}-*.dist-info); known releases: {', '.join(releases) or 'none'}")
     for m in manifests:
-        if m.release == target.release:
+        if m.release == public_release(target.release):
             return m, manifests
     own = broken.get(f"{target.engine.name}-{target.release}.json")
     if own is not None:

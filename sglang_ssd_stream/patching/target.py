@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..errors import EnvironmentProblem
+from ..errors import EnvironmentProblem, UnsupportedRelease
 from .engines import Engine
 from .files import errno_text
 
@@ -39,11 +39,16 @@ class Target:
 
 
 def installed_release(engine: Engine, site_packages: Path) -> str | None:
-    for dist in metadata.distributions(path=[str(site_packages)]):
-        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
-        if name == engine.distribution:
-            return dist.version
-    return None
+    """The release the distribution's metadata records; refused when several records disagree (a stale
+    dist-info left beside the real one: which one the files belong to cannot be told from the names)."""
+    versions = sorted({dist.version for dist in metadata.distributions(path=[str(site_packages)])
+                       if (dist.metadata.get("Name") or "").lower().replace("_", "-") == engine.distribution})
+    if len(versions) > 1:
+        raise UnsupportedRelease(
+            f"{site_packages} records several {engine.distribution} releases ({', '.join(versions)}): a stale "
+            f"*.dist-info is left beside the installed one, so its release cannot be told; remove the stale one "
+            f"(or reinstall: pip install --force-reinstall --no-deps {engine.distribution}==<the release you run>)")
+    return versions[0] if versions else None
 
 
 def from_site_packages(engine: Engine, site_packages: str | os.PathLike) -> Target:

@@ -26,4 +26,10 @@ SIDE = EngineSide(
     install_hint=INSTALL_FIX,
     # Inherited VLLM_PLE_* (and vLLM's plugin allowlist) change what the plugin does: the printed command shows them.
     shown_env=(env.PREFIX, env.PLUGINS_ENV),
+    # `plan` speaks vLLM's flags; vLLM has no pool or Mamba-slot flag (it sizes both from what fits), so
+    # those two plan inputs get plain names.
+    plan_flags=(("--context-length", "--max-model-len"), ("--max-running-requests", "--max-num-seqs"),
+                ("--speculative-num-steps", "--num-speculative-tokens"), ("--page-size", "--block-size"),
+                ("--mem-fraction", "--gpu-memory-utilization"), ("--max-total-tokens", "--pool-tokens"),
+                ("--max-mamba-cache-size", "--mamba-slots")),
 )

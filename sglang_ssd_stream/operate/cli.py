@@ -12,6 +12,11 @@ from pathlib import Path
 
 from ..errors import EXIT_OK, EXIT_USAGE
 
+DEVICE_MEMORY_HOWTO = ("the GPU host, what CUDA reports: `python -c 'import torch; print(torch.cuda.mem_get_info()[1] "
+                       "/ 2**30)'` (the Thor write-up's unified memory: 122.86); `nvidia-smi --query-gpu=memory.total "
+                       "--format=csv,noheader` gives MiB (/ 1024), slightly more than CUDA reports")
+DEVICE_MEMORY_HELP = ("memory the engine sees per device, GiB, for the memory fit and, without a pool size, the pool: "
+                      + DEVICE_MEMORY_HOWTO)
 DEFAULT_MODEL_REPO = "garnermccloud/Qwen3.8-Flash-Next-NVFP4-SSD-Stream"  # the prepared snapshot of write-up 000
 DEFAULT_MODEL_REVISION = "main"  # update-model updates: the branch head, resolved to a commit and pinned
 
@@ -111,6 +116,12 @@ def cmd_plan(args) -> int:
         v = getattr(args, key, None)
         if v is not None:
             d[key] = v
+    if d["pool_tokens"] is None and args.device_memory_gib is None:
+        from .errors import PlanRefused
+
+        pool = dict(args.side.plan_flags).get("--max-total-tokens", "--max-total-tokens")
+        raise PlanRefused(f"no pool size: pass {pool}, or --device-memory-gib (GiB per device) and the pool is "
+                          f"what fits; find it on {DEVICE_MEMORY_HOWTO}")
     weights, weights_line = args.weights_gib, None
     if args.device_memory_gib is not None and weights is None:
         weights, weights_line = _plan_weights(args, d["draft_steps"])
@@ -385,17 +396,23 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     p.add_argument("--model", required=True, help="model directory or its config.json")
     p.add_argument("--draft", help="MTP draft directory; its weights count in the memory fit when the profile drafts "
                    "(default: <model>/mtp)")
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--max-total-tokens", type=int, dest="pool_tokens")
-    p.add_argument("--max-running-requests", type=int, dest="running")
-    p.add_argument("--speculative-num-steps", type=int, dest="draft_steps")
-    p.add_argument("--max-mamba-cache-size", type=int, dest="mamba_slots")
+    flag = dict(side.plan_flags).get  # the engine's own flag names
+    p.add_argument(flag("--context-length", "--context-length"), type=int, dest="context_length")
+    p.add_argument(flag("--max-total-tokens", "--max-total-tokens"), type=int, dest="pool_tokens",
+                   help="KV pool in tokens (default: the profile's, else what fits the memory)")
+    p.add_argument(flag("--max-running-requests", "--max-running-requests"), type=int, dest="running")
+    p.add_argument(flag("--speculative-num-steps", "--speculative-num-steps"), type=int, dest="draft_steps")
+    p.add_argument(flag("--max-mamba-cache-size", "--max-mamba-cache-size"), type=int, dest="mamba_slots")
     p.add_argument("--kv-cache-dtype", dest="target_kv_dtype")
     p.add_argument("--draft-kv-cache-dtype", dest="draft_kv_dtype")
-    p.add_argument("--page-size", type=int)
+    p.add_argument(flag("--page-size", "--page-size"), type=int, dest="page_size")
     p.add_argument("--tensor-parallel-size", type=int, dest="tensor_parallel")
-    p.add_argument("--mem-fraction", type=float, help="static memory fraction (default: the profile's)")
-    p.add_argument("--device-memory-gib", type=float, help="memory the engine sees per device, GiB")
+    p.add_argument(flag("--mem-fraction", "--mem-fraction"), type=float, dest="mem_fraction",
+                   help="static memory fraction (default: the profile's)")
+    p.add_argument("--device-memory-gib", type=float, help=DEVICE_MEMORY_HELP)
+    for sglang_flag, own in side.plan_flags:  # SGLang's names stay accepted, unlisted (scripts written before)
+        dest = {a.option_strings[0]: a.dest for a in p._actions if a.option_strings}[own]
+        p.add_argument(sglang_flag, type=float if dest == "mem_fraction" else int, dest=dest, help=argparse.SUPPRESS)
     p.add_argument("--weights-gib", type=float, help="resident weights per device (default: from the index)")
     p.add_argument("--sessions", type=int, action="append", metavar="TOKENS",
                    help="how many sessions of this many tokens fit at once (repeatable)")

@@ -35,6 +35,8 @@ class EngineSide:
     thread_knobs: tuple[tuple[str, int | None], ...] = ()
     metrics: MetricNames | None = None  # what `watch` reads from the engine's /metrics (operate/metrics.py)
     shown_env: tuple[str, ...] = ()  # prefixes of inherited variables the printed command shows (they act)
+    # `plan` options named as this engine names them: (SGLang's flag, this engine's flag or a plan-only name).
+    plan_flags: tuple[tuple[str, str], ...] = ()
 
     def engine_argv(self, python: str) -> list[str]:
         return self.launcher(python)

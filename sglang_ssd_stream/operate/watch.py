@@ -506,6 +506,15 @@ def _run(argv: list[str]) -> str:
         return f"[{argv[0]} failed: {exc}]\n"
 
 
+def driver_version(proc: Path = Path("/proc")) -> str | None:
+    """The NVIDIA kernel driver's version line (write-up 001's peers disagreed on a crash across 595.84 and
+    595.91.07: an incident without it cannot be compared)."""
+    try:
+        return (proc / "driver" / "nvidia" / "version").read_text().splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
+
+
 KERNEL_PATTERN = re.compile(r"oom|out of memory|xid|nvrm|watchdog|hung task|nvgpu", re.I)
 
 
@@ -582,6 +591,7 @@ def cmd_watch(args) -> int:
                       unit=args.unit, container=args.container, log_file=Path(args.log_file) if args.log_file else None, sidecars=sidecars,
                       api_key=api_key, doctor=doctor,
                       host_facts={"l4t": release.name() if release else None, "cpu": asdict(cpu_budget()),
+                                  "nvidia_driver": driver_version(),
                                   "profile": profile.name if profile else None})
     w = Watcher(cfg)
     print(f"watch: {args.url} every {args.interval:g} s -> {cfg.out}/watch.jsonl (limits: {cfg.limits.why})",

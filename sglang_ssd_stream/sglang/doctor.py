@@ -77,6 +77,10 @@ class Device:
     total_memory_bytes: int
     integrated: bool  # unified memory (Jetson Thor, GB10): device memory is the host's
     pageable_memory_access: bool | None  # cudaDevAttrPageableMemoryAccessUsesHostPageTables; None: unknown
+    # Streaming multiprocessors. Write-up 001 crashed a peer engine whose cooperative launches assumed 128 SMs;
+    # sglang 0.5.23's QSA sizes its grids from the device (qsa/mqa.py _num_sms, the backend's tile count), so
+    # the count is reported as evidence, not judged.
+    sm_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,8 @@ def _cuda_device() -> Device | None:
     except ImportError:
         pageable = None
     return Device(name=props.name, capability=(props.major, props.minor), total_memory_bytes=props.total_memory,
-                  integrated=bool(getattr(props, "is_integrated", False)), pageable_memory_access=pageable)
+                  integrated=bool(getattr(props, "is_integrated", False)), pageable_memory_access=pageable,
+                  sm_count=getattr(props, "multi_processor_count", None))
 
 
 def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
@@ -270,7 +275,7 @@ def check_device(facts: Facts) -> Finding:
                        "build")
     d = facts.device
     return Finding(OK, "device", f"{_arch(d)}, {d.total_memory_bytes / GIB:.1f} GiB"
-                   + (", unified memory" if d.integrated else ""))
+                   + (f", {d.sm_count} SMs" if d.sm_count else "") + (", unified memory" if d.integrated else ""))
 
 
 def check_fp8_indexer(facts: Facts) -> Finding | None:

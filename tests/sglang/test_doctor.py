@@ -430,3 +430,11 @@ def test_a_malformed_sidecar_manifest_is_a_finding_not_a_traceback(tmp_path, mon
     _, findings = doctor.diagnose(model=str(tmp_path), env={})
     found = only(findings, "sidecar")
     assert found.level == ERROR and "model fetch" in found.fix
+
+
+def test_device_finding_reports_the_sm_count():
+    """Write-up 001: a peer engine's cooperative launch assumed 128 SMs; sglang sizes QSA grids from the device,
+    so the doctor records the count instead of judging it."""
+    found = only(run_checks(healthy(device=dataclasses.replace(THOR, sm_count=20))), "device")
+    assert found.level == OK and ", 20 SMs, unified memory" in found.message
+    assert "SMs" not in only(run_checks(healthy()), "device").message

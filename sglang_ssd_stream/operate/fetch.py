@@ -340,9 +340,9 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
     mappings, shards, removed = expected_counts(dense.snapshot / INDEX_NAME)
     if (report.mappings, report.shards, report.removed_ple_mappings) != (mappings, shards, removed):
         raise ModelUpdateError(f"the view {report.path} serves {report.mappings:,} mappings over {report.shards} "
-                               f"shards ({report.removed_ple_mappings} PLE mappings removed), but the dense index gives "
-                               f"{mappings:,} over {shards} ({removed} removed) by write-up 000's rule; the view is "
-                               f"left for inspection, state.json is unchanged")
+                               f"shards ({report.removed_ple_mappings} PLE mappings removed), but the dense index "
+                               f"gives {mappings:,} over {shards} ({removed} removed) by write-up 000's rule; the view "
+                               f"is left for inspection, state.json is unchanged")
     notes = []
     if (prepared_repo, dense_repo) == (PREPARED_REPO, DENSE_REPO) and (mappings, shards) != WRITEUP_VIEW_COUNTS:
         notes.append(f"write-up 000's view had {WRITEUP_VIEW_COUNTS[0]:,} mappings over {WRITEUP_VIEW_COUNTS[1]} "

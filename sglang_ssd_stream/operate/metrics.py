@@ -58,7 +58,8 @@ def engine_sample(names: MetricNames, values: dict[str, float], previous: dict |
          "kv_total_tokens": get(names.kv_total_tokens), "running": get(names.running),
          "waiting": get(names.waiting), "accept_length": get(names.accept_length),
          "accept_rate": get(names.accept_rate), "gen_tokens_per_s": get(names.gen_throughput),
-         "counters": {k: values[n] for k, n in (("drafts", names.drafts_total), ("draft_tokens", names.draft_tokens_total),
+         "counters": {k: values[n] for k, n in (("drafts", names.drafts_total),
+                                                 ("draft_tokens", names.draft_tokens_total),
                                                  ("accepted", names.accepted_total),
                                                  ("generated", names.generation_tokens_total)) if n and n in values}}
     if s["kv_usage"] is None and s["kv_used_tokens"] is not None and s["kv_total_tokens"]:
@@ -69,7 +70,8 @@ def engine_sample(names: MetricNames, values: dict[str, float], previous: dict |
         def delta(k):
             return c[k] - prev[k] if k in c and k in prev and c[k] >= prev[k] else None  # a restart resets counters
 
-        drafts, tokens, accepted, generated = delta("drafts"), delta("draft_tokens"), delta("accepted"), delta("generated")
+        drafts, tokens = delta("drafts"), delta("draft_tokens")
+        accepted, generated = delta("accepted"), delta("generated")
         if s["accept_rate"] is None and tokens and accepted is not None:
             s["accept_rate"] = accepted / tokens
         if s["accept_length"] is None and drafts and accepted is not None:

@@ -140,7 +140,8 @@ def cgroup_stats(proc: Path, cgroup_root: Path, pid: int) -> dict:
 
     def stat(p: Path) -> dict:
         try:
-            return {k: int(v) for k, v in (line.split() for line in p.read_text().splitlines() if len(line.split()) == 2)}
+            pairs = (line.split() for line in p.read_text().splitlines())
+            return {f[0]: int(f[1]) for f in pairs if len(f) == 2}
         except (OSError, ValueError):
             return {}
 
@@ -350,8 +351,8 @@ class Watcher:
             return self.cfg.pid
         if self.cfg.unit:
             try:
-                r = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", self.cfg.unit], capture_output=True,
-                                   text=True, timeout=5)
+                r = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", self.cfg.unit],
+                                   capture_output=True, text=True, timeout=5)
                 if r.stdout.strip().isdigit() and int(r.stdout) > 0:
                     return int(r.stdout)
             except (OSError, subprocess.TimeoutExpired):
@@ -385,8 +386,8 @@ class Watcher:
         if self.sidecar_cache:
             sizes = {p: os.path.getsize(p) for p in cfg.sidecars if os.path.exists(p)}
             res = [v for v in self.sidecar_cache.values() if v is not None]
-            s["sidecar"] = {"page_cache_gib": sum(res) / GIB if res else None,
-                            "size_gib": sum(sizes.values()) / GIB, "sampled": self.count % max(cfg.sidecar_every, 1) == 0}
+            s["sidecar"] = {"page_cache_gib": sum(res) / GIB if res else None, "size_gib": sum(sizes.values()) / GIB,
+                            "sampled": self.count % max(cfg.sidecar_every, 1) == 0}
         s.update(self.engine(now))
         self.count += 1
         return s
@@ -588,7 +589,8 @@ def cmd_watch(args) -> int:
     cfg = WatchConfig(url=args.url, out=Path(args.out), limits=(profile.watch if profile and profile.watch
                                                                else DEFAULT_LIMITS),
                       metrics=args.side.metrics, interval_s=args.interval, window_s=args.window, pid=args.pid,
-                      unit=args.unit, container=args.container, log_file=Path(args.log_file) if args.log_file else None, sidecars=sidecars,
+                      unit=args.unit, container=args.container,
+                      log_file=Path(args.log_file) if args.log_file else None, sidecars=sidecars,
                       api_key=api_key, doctor=doctor,
                       host_facts={"l4t": release.name() if release else None, "cpu": asdict(cpu_budget()),
                                   "nvidia_driver": driver_version(),

@@ -41,7 +41,8 @@ from typing import Iterable, Mapping
 
 from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding, as_json, errors_of, exit_code, print_report, refusal_text
-from ..operate.host import CpuBudget, TegraRelease, cpu_budget, free_bytes, tegra_finding, tegra_release, thread_findings
+from ..operate.host import (CpuBudget, TegraRelease, cpu_budget, free_bytes, tegra_finding, tegra_release,
+                            thread_findings)
 from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW, Verdict, verdict
 from ..sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
 from ..staging.native_read import C_COMPILERS

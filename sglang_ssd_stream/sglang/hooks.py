@@ -23,6 +23,15 @@ target                                                         hook
 The hooks are inert for a model without a sidecar (``config.active()`` is None). They are fatal
 on failure: :func:`install` resolves every target first, applies the hooks and checks they took
 effect, and raises otherwise (sglang's ``apply_hooks`` would only log).
+
+The plugin does not call :func:`install` itself: resolving the targets imports ``qwen4_exp``, which
+another model's server neither needs nor may be able to import (sglang's CPU engine cannot, without
+the CPU build of sgl-kernel). :func:`install_for_served_model` puts one AROUND hook on sglang's
+``get_model_architecture`` instead, the call every model load (target and draft) makes before it
+builds the model: when the class it resolves is sglang's qwen4_exp, the PLE hooks are installed
+there, before the model exists, and a failure stops that load; any other model is left alone. A
+qwen4_exp checkpoint that sglang would serve with some other class is refused (the hooks would
+never run).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from . import config
 log = logging.getLogger(__name__)
 
 _M = "sglang.srt.models.qwen4_exp"
+RESOLVE = "sglang.srt.model_loader.utils.get_model_architecture"  # (model_config) -> (model class, arch)
 ALLOCATE = "sglang.srt.models.qwen4_exp_ple_table.allocate_ple_host_table"
 LOAD_WEIGHTS = f"{_M}.Qwen4ExpForConditionalGeneration.load_weights"
 GATHER = f"{_M}.Qwen4ExpPinnedHostEmbedding.gather"
@@ -47,7 +57,16 @@ PLE_SHARD = ".ngram_embedding.shard_"
 SCALE_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.weight_scale$")
 
 _installed = False
+_gate_installed = False
 _placeholders: set[int] = set()  # data_ptr of placeholder tables we handed out
+_reported: set[str] = set()  # hooks that said they ran (once per process; gather/consume are hot)
+
+
+def _ran(hook: str, message: str, *args) -> None:
+    """``PLE sidecar hook <name> ran: ...`` in the engine's log, the first time ``hook`` serves."""
+    if hook not in _reported:
+        _reported.add(hook)
+        log.info("PLE sidecar hook %s ran: " + message, hook, *args)
 
 
 class SidecarHookError(RuntimeError):
@@ -71,8 +90,9 @@ def install() -> bool:
     config.validate_env()
     if _installed:
         return True
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
+    source = HookSource(plugin_name="ssd_stream", dist_name="sglang-ssd-stream")  # also when called outside load_plugins
     originals = {}
     for target, _ in _hooks():
         try:
@@ -82,7 +102,7 @@ def install() -> bool:
         if not callable(originals[target]):
             raise SidecarHookError(f"PLE sidecar hook target {target} is not callable")
     for target, hook in _hooks():
-        HookRegistry.register(target, hook, HookType.AROUND)
+        HookRegistry.register(target, hook, HookType.AROUND, source=source)
     HookRegistry.apply_hooks()  # idempotent; load_plugins() calls it again
     import importlib
 
@@ -95,6 +115,56 @@ def install() -> bool:
         raise SidecarHookError(f"{_M}.allocate_ple_host_table still points at the original; hook not propagated")
     _installed = True
     return True
+
+
+def install_for_served_model() -> bool:
+    """Arrange for :func:`install` to run when sglang resolves a qwen4_exp model class, and only then.
+
+    Returns False only when ``SGLANG_SSD_STREAM_SIDECAR=off``. Knob values are checked now (a bad one
+    stops the process at start); raises when the gate itself cannot land."""
+    global _gate_installed
+    if config.disabled():
+        return False
+    config.validate_env()
+    if _gate_installed:
+        return True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    try:
+        original = pkgutil.resolve_name(RESOLVE)
+    except (ImportError, AttributeError) as exc:
+        raise SidecarHookError(f"hook target {RESOLVE} is missing in this sglang ({exc})") from exc
+    HookRegistry.register(RESOLVE, around_get_model_architecture, HookType.AROUND)
+    HookRegistry.apply_hooks()
+    if pkgutil.resolve_name(RESOLVE) is original:
+        raise SidecarHookError(f"hook on {RESOLVE} did not take effect (see the log above)")
+    _gate_installed = True
+    return True
+
+
+def serves_qwen4_exp(model_class) -> bool:
+    return getattr(model_class, "__module__", "").startswith(_M)  # qwen4_exp and qwen4_exp_mtp
+
+
+def _qwen4_exp_checkpoint(model_config) -> bool:
+    hf = getattr(model_config, "hf_config", None)
+    kinds = [getattr(hf, "model_type", None) or "", *(getattr(hf, "architectures", None) or [])]
+    return any(k.lower().replace("_", "").startswith("qwen4exp") for k in kinds)
+
+
+def around_get_model_architecture(original, model_config, *args, **kwargs):
+    resolved = original(model_config, *args, **kwargs)
+    model_class = resolved[0]
+    if serves_qwen4_exp(model_class):
+        if not _installed:
+            install()
+            log.info("PLE sidecar hooks installed for %s", model_class.__name__)
+    elif _qwen4_exp_checkpoint(model_config):
+        raise SidecarHookError(
+            f"{getattr(model_config, 'model_path', 'this model')} is a qwen4_exp checkpoint, but sglang resolved it "
+            f"to {model_class.__module__}.{model_class.__name__}, not to {_M}: the PLE hooks would never run "
+            f"(did {_M} fail to import? see the log above)")
+    return resolved
 
 
 # ----------------------------------------------------------------------------- hooks
@@ -115,6 +185,7 @@ def around_allocate(original, *args, **kwargs):
     _placeholders.add(table.data_ptr())
     log.info("PLE table %s %s (%s) served from sidecar %s", list(shape), dtype, bound.arguments.get("tag"),
              sidecar.manifest.path)
+    _ran("allocate", "no host table allocated, rows come from %s", sidecar.manifest.path)
     return table
 
 
@@ -218,6 +289,8 @@ def around_load_weights(original, self, weights, *args, **kwargs):
     result = original(self, stream, *args, **kwargs)
     apply_scales(bound, sidecar, stream.scales_seen)
     log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped", len(bound), stream.dropped)
+    _ran("load_weights", "layers %s bound to the sidecar, %d PLE shard tensor(s) skipped", sorted(bound),
+         stream.dropped)
     return result
 
 
@@ -250,6 +323,7 @@ def around_gather(original, self, input_ids, out=None):
                 torch.cuda.current_stream() if state.cuda else None)
     if out is None:  # forward(): sglang reduces right after, so the rows must be enqueued now
         state.wait()
+    _ran("gather", "layer %d, %d ids read through %s", self._ssd_stream_layer, input_ids.numel(), state.reader.io)
     return output
 
 
@@ -257,4 +331,5 @@ def around_consume(original, self, *args, **kwargs):
     state = getattr(self.ple_embedding.ngram_embedding, "_ssd_stream", None)
     if state is not None:
         state.wait()
+        _ran("consume", "layer %d waited for its staged rows", self.ple_embedding.ngram_embedding._ssd_stream_layer)
     return original(self, *args, **kwargs)

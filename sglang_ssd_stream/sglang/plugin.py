@@ -4,6 +4,11 @@ SGLang's ``load_plugins()`` runs ``register()`` in the launcher and in every sch
 and only *logs* an ordinary exception. Every failure here therefore becomes ``SystemExit``: an
 engine that runs without our patches or knobs is worse than one that refuses to start.
 Module top level is stdlib-only for the same reason (an import error would be logged and ignored).
+
+Each process says on stderr, with its pid, what the guard found and which knobs it applied: the
+evidence that the plugin ran in that process (the launcher, each scheduler, the detokenizer).
+The PLE hooks are armed for qwen4_exp only (:func:`.hooks.install_for_served_model`): a server of
+any other model imports nothing of qwen4_exp on our account.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ ALLOW_UNPATCHED_ENV = _ALLOW["sglang"]
 _registered = False
 
 
+def _say(message: str) -> None:
+    print(f"sglang-ssd-stream plugin: pid {os.getpid()}: {message}", file=sys.stderr, flush=True)
+
+
 def _fatal(message: str) -> "NoReturn":  # noqa: F821
-    print(f"sglang-ssd-stream plugin: {message}", file=sys.stderr, flush=True)
+    _say(message)
     raise SystemExit(f"sglang-ssd-stream plugin: {message}")
 
 
@@ -34,7 +43,13 @@ def register() -> None:
         from . import knobs
 
         knobs.apply_all()
-        ple_hooks.install()  # PLE sidecar streaming; its hooks must land or the worker stops
+        if os.environ.get(knobs.QSA_BUDGET_ENV) is not None:  # read back from the engine module it set
+            module, _, attr = knobs.QSA_BUDGET_TARGET.rpartition(".")
+            _say(f"{knobs.QSA_BUDGET_ENV}: {knobs.QSA_BUDGET_TARGET} = {getattr(sys.modules[module], attr) >> 20} MiB")
+        if ple_hooks.install_for_served_model():  # PLE sidecar hooks, armed for a qwen4_exp model only
+            _say(f"PLE sidecar hooks armed: installed when {ple_hooks.RESOLVE} resolves a qwen4_exp model")
+        else:
+            _say(f"PLE sidecar hooks off ({ple_hooks.config.SIDECAR_ENV}=off)")
     except SystemExit:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure must stop the worker, see module docstring
@@ -44,13 +59,13 @@ def register() -> None:
 
 def _guard_source_state() -> None:
     """Refuse to run on an sglang whose patched files are in an unknown or half-patched state."""
-    from ..findings import WARNING, refusal_text
+    from ..findings import ERROR, refusal_text
     from ..patching.guard import verdict
 
     findings = verdict("sglang").findings(allow_unpatched=os.environ.get(ALLOW_UNPATCHED_ENV) == "1")
     for f in findings:
-        if f.level == WARNING:
-            print(f"sglang-ssd-stream plugin: {f.line()}", file=sys.stderr, flush=True)
+        if f.level != ERROR:
+            _say(f.line())
     refusal = refusal_text(findings, "refusing to start:")
     if refusal:
         _fatal(refusal)

@@ -2,7 +2,7 @@
 
 EXPECT=start   load_plugins() returns and our plugin ran (knob applied)
 EXPECT=refuse  load_plugins() raises SystemExit naming the fix
-FAIL_PLE_HOOKS=1 makes the PLE hook installation raise, as a renamed upstream target would
+FAIL_PLE_HOOKS=1 makes arming the PLE hooks raise, as a renamed upstream target would
 """
 
 import os
@@ -19,9 +19,9 @@ def test_guard():
         from sglang_ssd_stream.sglang import hooks
 
         def broken_install():
-            raise RuntimeError("target sglang.srt.models.qwen4_exp.Qwen4ExpPinnedHostEmbedding.gather is missing")
+            raise RuntimeError("hook target sglang.srt.model_loader.utils.get_model_architecture is missing")
 
-        hooks.install = broken_install
+        hooks.install_for_served_model = broken_install
 
     if os.environ["EXPECT"] == "refuse":
         with pytest.raises(SystemExit) as exc:

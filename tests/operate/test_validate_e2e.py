@@ -54,9 +54,15 @@ def test_full_run_against_real_server(server, tmp_path):
     assert list(suites) == ["needle", "truncation", "soak", "matrix", "canary"]
     # needle: streamed, prompts grow to the context limit, nothing recalled by random weights
     needle = suites["needle"]["checks"]
-    assert [c["target_tokens"] for c in needle] == [72, 144, 288, 432, 540, 576]  # (600 - 8 - 16) x 1/8 .. 1
+    # from the shortest needle prompt (template + question + needles, measured) to 600 - 8 - 16
+    floor = r["calibration"]["template_tokens"] + suites["needle"]["fixed_tokens"]
+    assert suites["needle"]["floor_tokens"] == floor and 0 < floor < 200
+    assert [c["target_tokens"] for c in needle] == [floor + int((576 - floor) * f)
+                                                    for f in (1 / 8, 1 / 4, 1 / 2, 3 / 4, 15 / 16, 1)]
     sizes = [c["prompt_tokens"] for c in needle]
     assert sizes == sorted(sizes) and sizes[-1] <= 600 - 8 and sizes[-1] > 450
+    # the prompts that went out track the targets (question and needles are costed on the server)
+    assert all(abs(c["prompt_tokens"] - c["target_tokens"]) <= max(6, c["target_tokens"] // 10) for c in needle), sizes
     assert all(c["finish_reason"] == "length" and c["ttft_s"] is not None for c in needle)
     assert suites["needle"]["status"] == "fail" and not any(any(c["recalled"]) for c in needle)
     # truncation: finish_reason=length with the 8-token budget kept, but transformers serve does not truncate
@@ -69,6 +75,7 @@ def test_full_run_against_real_server(server, tmp_path):
     # soak: 2 sessions x 1 cycle x (continue, compress)
     soak = suites["soak"]
     assert soak["completed"] == soak["planned"] == 4 and soak["status"] == "pass"
+    assert (soak["per_session_tokens"], soak["continue_tokens"], soak["compact_tokens"]) == (64, 8, 8)
     # matrix: 8 cells x 8 agent turns; tools-on cells fail without structured tool calls
     cells = suites["matrix"]["checks"]
     assert len(cells) == 8 and all(c["turns"] == 8 for c in cells)

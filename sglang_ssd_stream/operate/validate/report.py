@@ -36,6 +36,28 @@ def write_plot(results: dict, path: Path) -> str:
     return "written"
 
 
+def check_line(c: dict) -> str:
+    """One check or soak stage as ``label: status (its fields)``, from the fields it really has."""
+    if c.get("check"):
+        label = c["check"]
+    elif "stage" in c:
+        label = f"session {c.get('session')} cycle {c.get('cycle')} {c['stage']}"
+    else:
+        label = "check"
+    if c.get("detail"):
+        detail = c["detail"]
+    else:
+        parts = [f"{k}={c[k]}" for k in ("prompt_tokens", "completion_tokens", "finish_reason") if c.get(k) is not None]
+        if c.get("latency_s") is not None:
+            parts.append(f"{c['latency_s']:.2f} s")
+        if c.get("error"):
+            parts.append(f"error: {c['error']}")
+        if c.get("canary"):
+            parts.append("canary: " + "; ".join(c["canary"]))
+        detail = ", ".join(parts) or "no details"
+    return f"{label}: {c['status']} ({detail})"
+
+
 def markdown(results: dict) -> str:
     lines = [f"# Validation of {results['model']} at {results['url']}", "",
              f"Overall: **{results['status']}**", ""]
@@ -61,9 +83,12 @@ def markdown(results: dict) -> str:
         r = results["suites"].get(name)
         if r:
             lines += ["", f"## {name.capitalize()}", ""]
+            if name == "soak" and "per_session_tokens" in r:
+                lines += [f"Budgets: {r['per_session_tokens']} prompt, {r.get('continue_tokens')} continue, "
+                          f"{r.get('compact_tokens')} compress tokens per session; "
+                          f"{r.get('completed', 0)}/{r.get('planned', 0)} stages completed", ""]
             for c in r["checks"]:
-                label = c.get("check") or f"session {c.get('session')} cycle {c.get('cycle')} {c.get('stage')}"
-                lines.append(f"- {label}: {c['status']} ({c.get('detail') or c.get('error') or c.get('finish_reason')})")
+                lines.append(f"- {check_line(c)}")
     m = results["suites"].get("matrix")
     if m:
         lines += ["", "## Reasoning x tools", "", "| thinking | tools | history | turns | tool turns | status | problems |",

@@ -1,6 +1,7 @@
 """The validation suites of write-up 000, run against any OpenAI-compatible server.
 
-- ``needle``: three codes at 10/50/90% depth, prompts growing to the context limit (000 §6).
+- ``needle``: three codes at 10/50/90% depth, prompts growing from the shortest needle prompt (template,
+  question and needles, measured on the server) to the context limit (000 §6).
 - ``truncation``: an over-long prompt (x1.075, 281,896 vs 262,144 in 000 §8) with a small
   ``max_tokens`` must end with ``finish_reason=length`` inside the window, then KV returns to 0.
 - ``soak``: two sessions, each cycle continue -> compress -> refill (000 §9, 2 x 3 cycles = 12 stages).
@@ -103,9 +104,27 @@ def _bar(run: Run, total: int, desc: str):
     return tqdm(total=total, desc=desc, disable=not run.settings.progress, leave=False)
 
 
-def _canary_of(r: Reply) -> canary.CanaryResult:
+def repetition_limit(budget: int) -> int:
+    """The longest run of one token a reply of ``budget`` tokens may hold: half the reply for short
+    budgets (a 16-token reply can never show a 32-token run), the canary's limit from 64 tokens on."""
+    return min(canary.MAX_IDENTICAL_RUN, max(canary.MAX_ZERO_RUN, budget // 2))
+
+
+def _canary_of(r: Reply, budget: int) -> canary.CanaryResult:
+    # Scaled only where the reply is counted in tokens; characters keep the fixed limit
+    # (a short reply can hold a run of 8 '=' or spaces that means nothing).
+    per_token = r.token_ids is not None or r.tokens is not None
     return canary.check(text=r.content + r.reasoning, token_ids=r.token_ids, tokens=r.tokens, logprobs=r.logprobs,
-                        completion_tokens=r.completion_tokens)
+                        completion_tokens=r.completion_tokens,
+                        max_identical_run=repetition_limit(budget) if per_token else canary.MAX_IDENTICAL_RUN)
+
+
+def prompt_cost(run: Run, text: str) -> int | None:
+    """Tokens ``text`` adds to a one-message chat prompt, measured with a 1-token request (None if it fails)."""
+    r = run.client.chat([{"role": "user", "content": text}], max_tokens=1)
+    if not r.ok or not r.prompt_tokens:
+        return None
+    return max(r.prompt_tokens - run.overhead, 0)
 
 
 def calibrate(run: Run) -> dict:
@@ -138,24 +157,33 @@ def _status(checks: list[dict]) -> str:
 def needle(run: Run) -> dict:
     s = run.settings
     room = s.context_length - s.answer_tokens - 16
-    lengths = s.lengths or tuple(int(room * fr) for fr in LENGTH_FRACTIONS)
     checks, f = [], Filler(s.seed)
+    question = "\n\nWhat are the three secret code numbers in the text above? Reply with the three numbers only."
+
+    def fixed_text(codes) -> str:
+        return question + "".join(f"The secret code number {k} is {c}. " for k, c in enumerate(codes, 1))
+
+    # The question and the needle sentences (digits) do not tokenize like the filler: their cost is
+    # measured on the server once; only if that fails are they costed at one token per character.
+    measured = None if run.dead else prompt_cost(run, fixed_text(needle_codes(s.seed)))
+    extra_of = (lambda codes: measured) if measured is not None else (lambda codes: len(fixed_text(codes)))
+    # The shortest needle prompt is the template, the question and the needles with no filler: the
+    # targets spread from there to the room (at 262,144 tokens that floor is noise; at 256 it is a third).
+    floor = run.overhead + extra_of(needle_codes(s.seed))
+    lengths = s.lengths or tuple(floor + int(max(room - floor, 0) * fr) for fr in LENGTH_FRACTIONS)
     with _bar(run, len(lengths), "needle") as bar:
         for i, n in enumerate(lengths):
             codes = needle_codes(s.seed + i)
-            question = "\n\nWhat are the three secret code numbers in the text above? Reply with the three numbers only."
-            # question and needle sentences are costed at one token per character (digits often are)
-            extra = len(question) + sum(len(f"The secret code number {k} is {c}. ") for k, c in enumerate(codes, 1))
-            body = with_needles(f.text(max(run.chars_for(n) - int(extra * run.cpt), 0)), DEPTHS, codes)
+            body = with_needles(f.text(max(run.chars_for(n - extra_of(codes)), 0)), DEPTHS, codes)
             r = run.request([{"role": "user", "content": body + question}], max_tokens=s.answer_tokens, stream=True)
             kv = run.sample_kv(f"needle {n}")
             found = [c in (r.content + r.reasoning) for c in codes]
             status = "skipped" if (r.error or "").startswith("skipped") else ("pass" if r.ok and all(found) else "fail")
             checks.append({"target_tokens": n, "prompt_tokens": r.prompt_tokens, "status": status, "recalled": found,
                            "latency_s": r.latency_s, "ttft_s": r.ttft_s, "finish_reason": r.finish_reason,
-                           "error": r.error, "kv": kv, "canary": _canary_of(r).__dict__})
+                           "error": r.error, "kv": kv, "canary": _canary_of(r, s.answer_tokens).__dict__})
             bar.update()
-    return {"status": _status(checks), "checks": checks}
+    return {"status": _status(checks), "fixed_tokens": measured, "floor_tokens": floor, "checks": checks}
 
 
 def truncation(run: Run) -> dict:
@@ -188,12 +216,28 @@ def truncation(run: Run) -> dict:
             "latency_s": r.latency_s, "checks": checks}
 
 
+def soak_budgets(s: Settings) -> tuple[int, int, int]:
+    """(per-session prompt, continue, compress) tokens, scaled to the context.
+
+    The write-up's budgets (1,024 continue, 4,096 compress) are for a 262,144-token window; each output
+    budget is capped at a sixteenth (continue) and an eighth (compress) of the context, which leaves
+    them unchanged there and lets a small server soak too. Each session's prompt is 45 % of the pool."""
+    cont = max(1, min(s.continue_tokens, s.context_length // 16))
+    comp = max(1, min(s.compact_tokens, s.context_length // 8))
+    pool = s.pool_tokens or s.context_length
+    per_session = s.soak_tokens or int(min(pool * 0.45, s.context_length - cont - comp))
+    return per_session, cont, comp
+
+
 def soak(run: Run) -> dict:
     s = run.settings
-    pool = s.pool_tokens or s.context_length
-    per_session = s.soak_tokens or int(min(pool * 0.45, s.context_length - s.continue_tokens - s.compact_tokens))
-    if per_session < 16:
-        return {"status": "fail", "checks": [{"status": "fail", "detail": f"no room for two sessions: {per_session}"}]}
+    per_session, cont_tokens, comp_tokens = soak_budgets(s)
+    budgets = {"per_session_tokens": per_session, "continue_tokens": cont_tokens, "compact_tokens": comp_tokens}
+    if per_session < 16 or per_session + cont_tokens + comp_tokens > s.context_length:
+        return {"status": "fail", **budgets, "completed": 0, "planned": 4 * s.cycles, "checks": [
+            {"check": "room for two sessions", "status": "fail",
+             "detail": f"{per_session} prompt + {cont_tokens} continue + {comp_tokens} compress tokens per session "
+                       f"in a {s.context_length}-token context (pool {s.pool_tokens or s.context_length})"}]}
     stages: list[dict] = []
     stop = threading.Event()
 
@@ -206,15 +250,15 @@ def soak(run: Run) -> dict:
         body = f.text(run.chars_for(per_session))
         for cycle in range(s.cycles):
             for stage, prompt, budget in (
-                ("continue", "\n\nContinue the story.", s.continue_tokens),
-                ("compress", "\n\nRewrite everything above as a dense record about half as long.", s.compact_tokens),
+                ("continue", "\n\nContinue the story.", cont_tokens),
+                ("compress", "\n\nRewrite everything above as a dense record about half as long.", comp_tokens),
             ):
                 r = run.request([{"role": "user", "content": body + prompt}], max_tokens=budget)
                 stages.append({"session": k, "cycle": cycle, "stage": stage, "prompt_tokens": r.prompt_tokens,
                                "completion_tokens": r.completion_tokens, "latency_s": r.latency_s,
                                "finish_reason": r.finish_reason, "error": r.error,
                                "status": "skipped" if (r.error or "").startswith("skipped") else
-                               ("pass" if r.ok else "fail"), "canary": _canary_of(r).problems})
+                               ("pass" if r.ok else "fail"), "canary": _canary_of(r, budget).problems})
                 bar.update()
                 if stage == "compress":  # refill: the summary, the latter half, then fresh text to the target
                     half = body[len(body) // 2:]
@@ -234,7 +278,7 @@ def soak(run: Run) -> dict:
     drain = run.wait_kv_zero()
     peaks = [x.get("used_tokens", 0) for x in run.kv_samples if x["label"] == "soak" and "used_tokens" in x]
     checks = stages + [{"check": "KV returns to zero", **drain}]
-    return {"status": _status(checks), "per_session_tokens": per_session, "seconds": time.monotonic() - t0,
+    return {"status": _status(checks), **budgets, "seconds": time.monotonic() - t0,
             "completed": sum(1 for x in stages if x["status"] == "pass"), "planned": 4 * s.cycles,
             "peak_kv_tokens": max(peaks) if peaks else None, "checks": checks}
 
@@ -257,7 +301,7 @@ def matrix(run: Run) -> dict:
                     break
                 turns += 1
                 prompt_sizes.append(r.prompt_tokens)
-                problems += _canary_of(r).problems
+                problems += _canary_of(r, s.turn_tokens).problems
                 assistant = {"role": "assistant", "content": r.content}
                 if keep and r.reasoning:
                     assistant["reasoning_content"] = r.reasoning
@@ -303,7 +347,7 @@ def canary_suite(run: Run) -> dict:
     with _bar(run, len(CANARY_PROMPTS), "canary") as bar:
         for p in CANARY_PROMPTS:
             r = run.request([{"role": "user", "content": p}], max_tokens=s.canary_tokens, logprobs=True)
-            c = _canary_of(r)
+            c = _canary_of(r, s.canary_tokens)
             status = "skipped" if (r.error or "").startswith("skipped") else ("pass" if r.ok and c.ok else "fail")
             checks.append({"prompt": p, "status": status, "error": r.error, "finish_reason": r.finish_reason,
                            **c.__dict__})

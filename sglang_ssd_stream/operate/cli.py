@@ -331,6 +331,12 @@ def _served_context(args) -> int:
         raise ServerUnreachable(f"{args.url}/models failed ({exc}); pass --context-length") from None
     finally:
         c.close()
+    served = [m.get("id") for m in models]
+    if args.model not in served:
+        from .errors import ModelNotServed
+
+        raise ModelNotServed(f"{args.url} does not serve {args.model!r}; it serves: "
+                             f"{', '.join(map(repr, served)) or 'nothing'}. Pass one of those to --model")
     for m in models:
         if m.get("id") == args.model and m.get("max_model_len"):
             return int(m["max_model_len"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import EXIT_NOT_VERIFIED, BadKitData, EnvironmentProblem, KitError
+from ..errors import EXIT_NOT_VERIFIED, EXIT_USAGE, BadKitData, EnvironmentProblem, KitError
 
 
 class ServeRefused(KitError):
@@ -33,3 +33,9 @@ class ValidationFailed(KitError):
     """At least one validation check failed; the report says which."""
 
     exit_code = EXIT_NOT_VERIFIED
+
+
+class ModelNotServed(KitError):
+    """--model names no model the server lists on /v1/models (a command-line mistake: the served ones are named)."""
+
+    exit_code = EXIT_USAGE

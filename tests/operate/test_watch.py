@@ -62,7 +62,7 @@ class Endpoint:
     """/health, /metrics and /v1/loads as the test sets them."""
 
     def __init__(self):
-        self.health, self.metrics, self.loads = 200, "", None
+        self.health, self.metrics, self.loads, self.models = 200, "", None, None
         ep = self
 
         class H(BaseHTTPRequestHandler):
@@ -74,6 +74,8 @@ class Endpoint:
                     code, body, ctype = ep.health, b"", "text/plain"
                 elif self.path == "/metrics" and ep.metrics:
                     code, body, ctype = 200, ep.metrics.encode(), "text/plain"
+                elif self.path == "/v1/models" and ep.models is not None:
+                    code, body, ctype = 200, json.dumps({"object": "list", "data": ep.models}).encode(), "x/json"
                 elif self.path.startswith("/v1/loads") and ep.loads is not None:
                     code, body, ctype = 200, json.dumps(ep.loads).encode(), "application/json"
                 else:

@@ -67,7 +67,7 @@ from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar.ngram import qwen38_flash_next  # noqa: E402
 from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
-from sglang_ssd_stream.sidecar.row_cache import RowCache, capacity_for_budget, captured_read  # noqa: E402
+from sglang_ssd_stream.sidecar.row_cache import RowCache, captured_read  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 
 COLS = 160
@@ -126,20 +126,16 @@ def chunk_ids(h, tokens: np.ndarray, a: int, b: int, rows: int) -> np.ndarray:
 
 def row_cache(path: Path, rows: int, dtype: str, budget_mib: int, *, lo=None, hi=None, max_rows: int, workers: int,
               registered: bool) -> RowCache:
-    table = table_of(path, rows, dtype)
-    cap = capacity_for_budget(budget_mib * MIB, table.row_bytes, max_rows=max_rows)
-    owner = None
-    if registered:  # CUDA-registered: the GPU could read the cached rows in place
+    """The cache as an adapter builds it: sized to the budget, its rows in CUDA-registered memory
+    (the GPU could read them in place) on the GPU box."""
+    allocate = None
+    if registered:
         from sglang_ssd_stream.staging.host_memory import allocate_registered
 
-        owner = allocate_registered(cap * table.row_bytes, label="PLE row cache")
-        storage = owner.numpy().reshape(cap, table.row_bytes)
-    else:
-        storage = np.zeros((cap, table.row_bytes), np.uint8)
-    reader = SidecarReader(table, vocab_start=lo, vocab_end=hi, max_rows=max_rows, workers=workers)
-    cache = RowCache(reader, storage, workers=workers)
-    cache._storage_owner = owner  # the registration lives as long as the cache
-    return cache
+        def allocate(nbytes):
+            return allocate_registered(nbytes, label="PLE row cache")
+    reader = SidecarReader(table_of(path, rows, dtype), vocab_start=lo, vocab_end=hi, max_rows=max_rows, workers=workers)
+    return RowCache.for_budget(reader, budget_mib * MIB, allocate=allocate, workers=workers)
 
 
 def gather_of(cache: RowCache, dtype: str, device: str, *, mode: str, capacity_rows: int, graph_rows: int):

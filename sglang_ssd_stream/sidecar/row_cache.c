@@ -48,6 +48,8 @@ enum { RC_FREE = 0, RC_FILLING = 1, RC_VALID = 2 };
 #define RC_STATE_MASK 3
 #define RC_IN_MAIN 4      /* S3-FIFO: slot is in the main queue (else the small one) */
 #define RC_PREFETCHED 8   /* filled by a prefetch and not yet looked up */
+#define RC_FREQ_SHIFT 4   /* bits 4-5: CLOCK's reference bit, S3-FIFO's count (0-3) */
+#define RC_FREQ_MASK (3 << RC_FREQ_SHIFT)
 
 /* rc_read flags */
 #define RC_F_PREFETCH 1 /* fill the cache only: no output, present rows are left alone */
@@ -65,8 +67,8 @@ typedef struct rc_cache {
     int32_t fd, direct, workers, policy, debug_hash, debug_delay_us;
     int64_t wave_pages, max_read_pages;
     uint8_t *rows; /* the caller's; NULL in simulation */
-    int64_t *keys;
-    uint8_t *state, *freq;
+    uint32_t *keys; /* this rank's row (id - vocab_start): every id of the range fits, so this is the full id */
+    uint8_t *state; /* RC_STATE_MASK | RC_IN_MAIN | RC_PREFETCHED | the policy's count (RC_FREQ_*) */
     int32_t *next, *prev; /* queue links; prev only for LRU */
     int32_t *index;
     int64_t index_cap;
@@ -98,7 +100,7 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static inline int64_t home(const rc_cache_t *c, int64_t key) {
+static inline int64_t home(const rc_cache_t *c, uint32_t key) {
     if (c->debug_hash == 1) return (int64_t)((uint64_t)key % (uint64_t)c->index_cap); /* tests: craftable collisions */
     if (c->debug_hash == 2) return 0;                                                  /* tests: every key collides */
     return (int64_t)(((unsigned __int128)mix64((uint64_t)key ^ c->seed) * (uint64_t)c->index_cap) >> 64);
@@ -106,7 +108,7 @@ static inline int64_t home(const rc_cache_t *c, int64_t key) {
 
 static inline int64_t step(const rc_cache_t *c, int64_t i) { return i + 1 == c->index_cap ? 0 : i + 1; }
 
-static int32_t find(const rc_cache_t *c, int64_t key) {
+static int32_t find(const rc_cache_t *c, uint32_t key) {
     for (int64_t i = home(c, key);; i = step(c, i)) {
         const int32_t s = c->index[i];
         if (s == RC_NIL) return RC_NIL;
@@ -114,14 +116,14 @@ static int32_t find(const rc_cache_t *c, int64_t key) {
     }
 }
 
-static void index_insert(rc_cache_t *c, int64_t key, int32_t slot) {
+static void index_insert(rc_cache_t *c, uint32_t key, int32_t slot) {
     int64_t i = home(c, key);
     while (c->index[i] != RC_NIL) i = step(c, i);
     c->index[i] = slot;
 }
 
 /* Backward-shift deletion: no tombstones, probe chains stay as short as on insertion. */
-static void index_erase(rc_cache_t *c, int64_t key) {
+static void index_erase(rc_cache_t *c, uint32_t key) {
     int64_t i = home(c, key);
     while (c->index[i] != RC_NIL && c->keys[c->index[i]] != key) i = step(c, i);
     if (c->index[i] == RC_NIL) return;
@@ -171,13 +173,13 @@ static void q_unlink(rc_cache_t *c, int q, int32_t s) { /* LRU only (doubly link
 /* ------------------------------------------------------------------ S3-FIFO ghost: two Bloom filters */
 
 #define GHOST_K 4
-static void ghost_bits_of(const rc_cache_t *c, int64_t key, uint64_t *bits) {
+static void ghost_bits_of(const rc_cache_t *c, uint32_t key, uint64_t *bits) {
     const uint64_t h = mix64((uint64_t)key ^ (c->seed * 0x9E3779B97F4A7C15ULL + 1));
     const uint64_t h1 = h, h2 = mix64(h) | 1;
     for (int k = 0; k < GHOST_K; k++) bits[k] = (h1 + (uint64_t)k * h2) % (uint64_t)c->ghost_bits;
 }
 
-static int ghost_contains(const rc_cache_t *c, int64_t key) {
+static int ghost_contains(const rc_cache_t *c, uint32_t key) {
     if (!c->ghost[0]) return 0;
     uint64_t b[GHOST_K];
     ghost_bits_of(c, key, b);
@@ -189,7 +191,7 @@ static int ghost_contains(const rc_cache_t *c, int64_t key) {
     return 0;
 }
 
-static void ghost_add(rc_cache_t *c, int64_t key) {
+static void ghost_add(rc_cache_t *c, uint32_t key) {
     if (!c->ghost[0]) return;
     if (c->ghost_count >= c->ghost_gen) { /* rotate: forget the older generation */
         c->ghost_cur ^= 1;
@@ -205,9 +207,15 @@ static void ghost_add(rc_cache_t *c, int64_t key) {
 /* ------------------------------------------------------------------ policies */
 
 static inline int st(const rc_cache_t *c, int32_t s) { return c->state[s] & RC_STATE_MASK; }
+static inline int freq(const rc_cache_t *c, int32_t s) { return (c->state[s] & RC_FREQ_MASK) >> RC_FREQ_SHIFT; }
+static inline void set_freq(rc_cache_t *c, int32_t s, int f) {
+    c->state[s] = (uint8_t)((c->state[s] & ~RC_FREQ_MASK) | (f << RC_FREQ_SHIFT));
+}
+/* The slot of this rank's row `id` (the caller has checked vocab_start <= id < vocab_end). */
+static inline uint32_t local_key(const rc_cache_t *c, int64_t id) { return (uint32_t)(id - c->vocab_start); }
 
-static void policy_insert(rc_cache_t *c, int32_t s, int64_t key) {
-    c->freq[s] = 0;
+static void policy_insert(rc_cache_t *c, int32_t s, uint32_t key) {
+    set_freq(c, s, 0);
     if (c->policy == RC_LRU) {
         q_push(c, 0, s);
     } else if (c->policy == RC_S3FIFO) {
@@ -226,9 +234,9 @@ static void policy_hit(rc_cache_t *c, int32_t s) {
         q_unlink(c, 0, s);
         q_push(c, 0, s);
     } else if (c->policy == RC_CLOCK) {
-        c->freq[s] = 1;
-    } else if (c->freq[s] < 3) {
-        c->freq[s]++;
+        set_freq(c, s, 1);
+    } else if (freq(c, s) < 3) {
+        set_freq(c, s, freq(c, s) + 1);
     }
 }
 
@@ -247,7 +255,7 @@ static int32_t evict_clock(rc_cache_t *c) {
         const int32_t s = (int32_t)c->hand;
         c->hand = c->hand + 1 == c->capacity ? 0 : c->hand + 1;
         if (st(c, s) != RC_VALID) continue;
-        if (c->freq[s]) c->freq[s] = 0;
+        if (freq(c, s)) set_freq(c, s, 0);
         else return s;
     }
     return RC_NIL;
@@ -258,8 +266,8 @@ static int32_t evict_main(rc_cache_t *c) {
         const int32_t s = q_pop(c, 1);
         if (st(c, s) != RC_VALID) {
             q_push(c, 1, s);
-        } else if (c->freq[s]) {
-            c->freq[s]--;
+        } else if (freq(c, s)) {
+            set_freq(c, s, freq(c, s) - 1);
             q_push(c, 1, s);
         } else {
             return s;
@@ -278,8 +286,8 @@ static int32_t evict_s3fifo(rc_cache_t *c) {
             const int32_t s = q_pop(c, 0);
             if (st(c, s) != RC_VALID) {
                 q_push(c, 0, s);
-            } else if (c->freq[s] >= c->s3_threshold) { /* looked up again while new: promote */
-                if (!c->s3_keep_freq) c->freq[s] = 0;
+            } else if (freq(c, s) >= c->s3_threshold) { /* looked up again while new: promote */
+                if (!c->s3_keep_freq) set_freq(c, s, 0);
                 c->state[s] |= RC_IN_MAIN;
                 q_push(c, 1, s);
             } else {
@@ -293,7 +301,7 @@ static int32_t evict_s3fifo(rc_cache_t *c) {
 }
 
 /* A free slot for `key`, reserved FILLING and indexed; RC_NIL: read it without caching (bypass). */
-static int32_t reserve(rc_cache_t *c, int64_t key, int prefetch) {
+static int32_t reserve(rc_cache_t *c, uint32_t key, int prefetch) {
     int32_t s = c->free_head;
     if (s != RC_NIL) {
         c->free_head = c->next[s];
@@ -451,7 +459,7 @@ static int64_t round_(rc_cache_t *c, const int64_t *ids, uint8_t *out, int flags
     pthread_mutex_lock(&c->lock);
     for (int64_t q = 0; q < npos; q++) {
         const int64_t i = pos[q];
-        const int32_t s = find(c, ids[i]);
+        const int32_t s = find(c, local_key(c, ids[i]));
         if (s == RC_NIL) miss[nmiss++] = i;
         else if (prefetch) continue; /* present or on its way: nothing to do */
         else if (st(c, s) == RC_VALID) serve(c, s, out, i, nodata);
@@ -476,7 +484,7 @@ static int64_t round_(rc_cache_t *c, const int64_t *ids, uint8_t *out, int flags
             const int64_t id = ids[miss[q]];
             for (e = q + 1; e < nmiss && ids[miss[e]] == id; e++) {
             }
-            const int32_t s = find(c, id); /* another call may have brought it since the first pass */
+            const int32_t s = find(c, local_key(c, id)); /* another call may have brought it since the first pass */
             if (s != RC_NIL) {
                 for (int64_t k = q; k < e && !prefetch; k++) {
                     if (st(c, s) == RC_VALID) serve(c, s, out, miss[k], nodata);
@@ -484,7 +492,7 @@ static int64_t round_(rc_cache_t *c, const int64_t *ids, uint8_t *out, int flags
                 }
                 continue;
             }
-            uslot[nu] = reserve(c, id, prefetch);
+            uslot[nu] = reserve(c, local_key(c, id), prefetch);
             ufirst[nu] = q;
             uend[nu] = e;
             nu++;
@@ -562,7 +570,7 @@ release:
         pthread_mutex_lock(&c->lock);
         for (int64_t u = 0; u < nu; u++)
             if (uslot[u] != RC_NIL) {
-                index_erase(c, ids[miss[ufirst[u]]]);
+                index_erase(c, local_key(c, ids[miss[ufirst[u]]]));
                 c->state[uslot[u]] = RC_FREE;
             }
         c->failed = 1;
@@ -591,7 +599,7 @@ done:
                     pthread_mutex_unlock(&c->lock);
                     return -1;
                 }
-                const int32_t s = find(c, ids[i]);
+                const int32_t s = find(c, local_key(c, ids[i]));
                 if (s == RC_NIL) { /* gone before we saw it valid: look it up again next round */
                     pos[left++] = i;
                     break;
@@ -685,12 +693,12 @@ out:
 
 /* ------------------------------------------------------------------ lifecycle */
 
-int64_t rc_metadata_bytes(int64_t capacity, int32_t policy) {
-    const int64_t index_cap = 2 * capacity + 1;
-    int64_t b = (int64_t)sizeof(rc_cache_t) + capacity * (8 + 1 + 1 + 4) + index_cap * 4;
+int64_t rc_metadata_bytes(int64_t capacity, int32_t policy, double s3_ghost_fraction) {
+    const int64_t index_cap = capacity + capacity / 2 + 1;
+    int64_t b = (int64_t)sizeof(rc_cache_t) + capacity * (4 + 1 + 4) + index_cap * 4;
     if (policy == RC_LRU) b += capacity * 4;
     if (policy == RC_S3FIFO) {
-        const int64_t gen = capacity * 9 / 20 + 1, bits = gen * 8 + 64;
+        const int64_t gen = (int64_t)(s3_ghost_fraction * (double)capacity) + 1, bits = gen * 8 + 64;
         b += 2 * ((bits + 63) / 64) * 8;
     }
     return b;
@@ -705,13 +713,14 @@ void rc_free(rc_cache_t *c);
 rc_cache_t *rc_create(uint8_t *rows, int64_t capacity, int64_t row_bytes, int32_t policy, int32_t fd, int32_t direct,
                       int64_t row_start, int64_t vocab_start, int64_t vocab_end, int64_t total_rows, int64_t table_bytes,
                       int32_t workers, int64_t wave_pages, int64_t max_read_pages, uint64_t seed, int32_t debug_hash,
-                      double s3_small_fraction, int32_t s3_threshold, int32_t s3_keep_freq, int32_t debug_delay_us,
-                      char *err, int64_t errlen) {
+                      double s3_small_fraction, int32_t s3_threshold, int32_t s3_keep_freq, double s3_ghost_fraction,
+                      int32_t debug_delay_us, char *err, int64_t errlen) {
     if (capacity < 1 || capacity > INT32_MAX / 2 || row_bytes < 1 || policy < 0 || policy > 2 || workers < 1 ||
         wave_pages < 1 || max_read_pages < 1 || vocab_start < row_start || vocab_end <= vocab_start ||
-        total_rows < vocab_end || (vocab_end - row_start) * row_bytes > table_bytes) {
+        total_rows < vocab_end || (vocab_end - row_start) * row_bytes > table_bytes ||
+        vocab_end - vocab_start > (int64_t)UINT32_MAX) {
         snprintf(err, (size_t)errlen, "invalid row cache geometry (capacity %lld, row_bytes %lld, policy %d, "
-                 "rows [%lld, %lld) of %lld, table %lld bytes)", (long long)capacity, (long long)row_bytes, policy,
+                 "rows [%lld, %lld) of %lld (at most 2^32 - 1 per rank), table %lld bytes)", (long long)capacity, (long long)row_bytes, policy,
                  (long long)vocab_start, (long long)vocab_end, (long long)total_rows, (long long)table_bytes);
         return NULL;
     }
@@ -721,27 +730,27 @@ rc_cache_t *rc_create(uint8_t *rows, int64_t capacity, int64_t row_bytes, int32_
                       .row_start = row_start, .total_rows = total_rows, .table_bytes = table_bytes, .fd = fd,
                       .direct = direct, .workers = workers, .policy = policy, .debug_hash = debug_hash,
                       .wave_pages = wave_pages, .max_read_pages = max_read_pages, .rows = rows,
-                      .index_cap = 2 * capacity + 1, .seed = seed, .free_head = RC_NIL, .s3_threshold = s3_threshold,
+                      .index_cap = capacity + capacity / 2 + 1, .seed = seed, .free_head = RC_NIL, .s3_threshold = s3_threshold,
                       .s3_keep_freq = s3_keep_freq, .debug_delay_us = debug_delay_us};
     c->head[0] = c->head[1] = c->tail[0] = c->tail[1] = RC_NIL;
     c->s_target = (int64_t)(s3_small_fraction * (double)capacity);
     if (c->s_target < 1) c->s_target = 1;
-    c->keys = malloc((size_t)capacity * 8);
+    c->keys = malloc((size_t)capacity * 4);
     c->state = calloc((size_t)capacity, 1);
-    c->freq = calloc((size_t)capacity, 1);
     c->next = malloc((size_t)capacity * 4);
     c->index = malloc((size_t)c->index_cap * 4);
     if (policy == RC_LRU) c->prev = malloc((size_t)capacity * 4);
-    if (!c->keys || !c->state || !c->freq || !c->next || !c->index || (policy == RC_LRU && !c->prev)) goto oom;
+    if (!c->keys || !c->state || !c->next || !c->index || (policy == RC_LRU && !c->prev)) goto oom;
     if (policy == RC_S3FIFO) {
-        c->ghost_gen = capacity * 9 / 20 + 1; /* two generations: the last 0.45-0.9 x capacity evictions */
+        /* two generations of ghost_fraction x capacity: they remember the last 1-2 x that many evictions */
+        c->ghost_gen = (int64_t)(s3_ghost_fraction * (double)capacity) + 1;
         c->ghost_bits = c->ghost_gen * 8 + 64;
         for (int g = 0; g < 2; g++)
             if (!(c->ghost[g] = calloc((size_t)((c->ghost_bits + 63) / 64), 8))) goto oom;
     }
     for (int64_t i = 0; i < c->index_cap; i++) c->index[i] = RC_NIL;
     for (int64_t s = capacity - 1; s >= 0; s--) { /* free list in slot order */
-        c->keys[s] = -1;
+        c->keys[s] = UINT32_MAX;
         c->next[s] = c->free_head;
         c->free_head = (int32_t)s;
     }
@@ -750,7 +759,7 @@ rc_cache_t *rc_create(uint8_t *rows, int64_t capacity, int64_t row_bytes, int32_
     return c;
 oom:
     snprintf(err, (size_t)errlen, "out of memory for the row cache metadata (%lld bytes)",
-             (long long)rc_metadata_bytes(capacity, policy));
+             (long long)rc_metadata_bytes(capacity, policy, s3_ghost_fraction));
     if (c) {
         c->fd = -1;
         rc_free(c);
@@ -770,7 +779,6 @@ void rc_free(rc_cache_t *c) {
     if (!c) return;
     free(c->keys);
     free(c->state);
-    free(c->freq);
     free(c->next);
     free(c->prev);
     free(c->index);
@@ -792,8 +800,8 @@ void rc_occupancy(rc_cache_t *c, int64_t *valid, int64_t *filling) {
     int64_t v = 0, f = 0;
     pthread_mutex_lock(&c->lock);
     for (int64_t s = 0; s < c->capacity; s++) {
-        v += st(c, s) == RC_VALID;
-        f += st(c, s) == RC_FILLING;
+        v += st(c, (int32_t)s) == RC_VALID;
+        f += st(c, (int32_t)s) == RC_FILLING;
     }
     pthread_mutex_unlock(&c->lock);
     *valid = v;
@@ -804,7 +812,7 @@ void rc_occupancy(rc_cache_t *c, int64_t *valid, int64_t *filling) {
 void rc_contains(rc_cache_t *c, const int64_t *ids, int64_t n, uint8_t *res) {
     pthread_mutex_lock(&c->lock);
     for (int64_t i = 0; i < n; i++) {
-        const int32_t s = ids[i] >= 0 ? find(c, ids[i]) : RC_NIL;
+        const int32_t s = ids[i] >= c->vocab_start && ids[i] < c->vocab_end ? find(c, local_key(c, ids[i])) : RC_NIL;
         res[i] = s != RC_NIL && st(c, s) == RC_VALID;
     }
     pthread_mutex_unlock(&c->lock);

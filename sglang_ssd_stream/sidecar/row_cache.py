@@ -56,6 +56,7 @@ DEFAULT_POLICY = "s3fifo"
 S3_SMALL_FRACTION = 0.10  # the small FIFO's share of the slots (S3-FIFO's 10 %)
 S3_THRESHOLD = 1  # lookups while in the small FIFO that promote a row to the main one
 S3_KEEP_FREQ = 0  # a promoted row's count restarts at zero in the main FIFO
+S3_GHOST_FRACTION = 0.9  # each ghost generation: as many keys as the main queue holds (S3-FIFO: |G| = |M|)
 DEFAULT_WAVE_PAGES = 1024  # bounce buffer per concurrent miss read: 4 MiB
 MAX_READ_PAGES = 64  # coalesced run cap (256 KiB), as SidecarReader's
 DEFAULT_WORKERS = 16
@@ -69,14 +70,16 @@ STAT_NAMES = ("calls", "lookups", "hits", "waits", "miss_lookups", "rows_read", 
               "inserts", "evictions", "bypass", "out_of_rank", "prefetch_calls", "prefetch_rows", "prefetch_hits",
               "prefetch_evicted_unused", "ghost_hits")
 
-# The budget knob, in each engine's naming; 0 turns the cache off. Profile defaults are in MiB.
+# The budget knob, in each engine's naming: MiB for all PLE layers of a process together (rows +
+# metadata + read buffers); 0 turns the cache off. Launch profiles set it (operate/profiles.py);
+# unset, a process gets DEFAULT_BUDGET_MB.
 SGLANG_BUDGET_ENV = "SGLANG_SSD_STREAM_ROW_CACHE_MB"
 VLLM_BUDGET_ENV = "VLLM_PLE_ROW_CACHE_MB"
+DEFAULT_BUDGET_MB = 1024
 MAX_BUDGET_MB = 1 << 20  # 1 TiB: anything larger is a typo
-PROFILE_DEFAULT_MB = {"thor": 1024, "discrete-gpu": 2560, "a100x4": 2560}
 
 
-def parse_budget_mb(name: str, raw: str | None, default_mb: int) -> int:
+def parse_budget_mb(name: str, raw: str | None, default_mb: int = DEFAULT_BUDGET_MB) -> int:
     """The cache budget in MiB from variable ``name`` (``raw`` its value; None: ``default_mb``)."""
     if raw is None:
         return int(default_mb)
@@ -128,11 +131,12 @@ def load() -> ctypes.CDLL:
             raise NativeBuildError(f"{path}: ABI {lib.rc_abi()}, host struct {theirs}; expected ABI {ABI}, {ours}; "
                                    f"delete it to rebuild")
         lib.rc_create.argtypes = [_P, _I64, _I64, _I32, _I32, _I32, _I64, _I64, _I64, _I64, _I64, _I32, _I64, _I64,
-                                  ctypes.c_uint64, _I32, ctypes.c_double, _I32, _I32, _I32, ctypes.c_char_p, _I64]
+                                  ctypes.c_uint64, _I32, ctypes.c_double, _I32, _I32, ctypes.c_double, _I32,
+                                  ctypes.c_char_p, _I64]
         lib.rc_create.restype = _P
         lib.rc_read.argtypes = [_P, _P, _I64, _P, _I32, ctypes.c_char_p, _I64]
         lib.rc_read.restype = ctypes.c_int
-        lib.rc_metadata_bytes.argtypes = [_I64, _I32]
+        lib.rc_metadata_bytes.argtypes = [_I64, _I32, ctypes.c_double]
         lib.rc_metadata_bytes.restype = _I64
         lib.rc_bounce_bytes.argtypes = [_I64]
         lib.rc_bounce_bytes.restype = _I64
@@ -158,9 +162,12 @@ def load() -> ctypes.CDLL:
         return lib
 
 
-def metadata_bytes(capacity: int, policy: str = DEFAULT_POLICY) -> int:
+S3_DEFAULTS = (S3_SMALL_FRACTION, S3_THRESHOLD, S3_KEEP_FREQ, S3_GHOST_FRACTION)
+
+
+def metadata_bytes(capacity: int, policy: str = DEFAULT_POLICY, s3=S3_DEFAULTS) -> int:
     """Bytes of metadata the cache allocates for ``capacity`` rows (index, keys, policy state)."""
-    return int(load().rc_metadata_bytes(int(capacity), POLICIES[policy]))
+    return int(load().rc_metadata_bytes(int(capacity), POLICIES[policy], float(s3[3])))
 
 
 def fixed_bytes(wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0) -> int:
@@ -169,13 +176,13 @@ def fixed_bytes(wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0) -> int:
 
 
 def capacity_for_budget(budget_bytes: int, row_bytes: int, *, policy: str = DEFAULT_POLICY,
-                        wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0) -> int:
+                        wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0, s3=S3_DEFAULTS) -> int:
     """The most rows whose storage + metadata + per-call buffers fit ``budget_bytes`` (0 if none)."""
     room = int(budget_bytes) - fixed_bytes(wave_pages, max_rows)
     lo, hi = 0, max(0, room // int(row_bytes))
     while lo < hi:  # metadata grows with capacity: the largest capacity that still fits
         mid = (lo + hi + 1) // 2
-        if mid * row_bytes + metadata_bytes(mid, policy) <= room:
+        if mid * row_bytes + metadata_bytes(mid, policy, s3) <= room:
             lo = mid
         else:
             hi = mid - 1
@@ -215,7 +222,7 @@ class RowCache:
 
     def __init__(self, reader, rows: np.ndarray, *, policy: str = DEFAULT_POLICY, direct: bool = True,
                  workers: int | None = None, wave_pages: int = DEFAULT_WAVE_PAGES, max_read_pages: int = MAX_READ_PAGES,
-                 _debug_hash: int = 0, _debug_delay_us: int = 0, _s3=(S3_SMALL_FRACTION, S3_THRESHOLD, S3_KEEP_FREQ),
+                 _debug_hash: int = 0, _debug_delay_us: int = 0, _s3=S3_DEFAULTS,
                  _seed: int | None = None):
         self.reader = reader
         self.table = reader.table
@@ -230,7 +237,7 @@ class RowCache:
             desc = f"{rows.dtype} {rows.shape}" if isinstance(rows, np.ndarray) else type(rows).__name__
             raise SidecarShapeMismatch(f"row cache storage must be a writable C-contiguous uint8 array of shape "
                                        f"(capacity >= 1, {rb}), got {desc}", actual=desc, expected=("uint8", rb))
-        self.rows, self.policy, self.capacity = rows, policy, rows.shape[0]
+        self.rows, self.policy, self.capacity, self._s3 = rows, policy, rows.shape[0], tuple(_s3)
         self.wave_pages = int(wave_pages)
         self._lib = lib = load()
         path = str(self.table.file)
@@ -255,12 +262,13 @@ class RowCache:
                 raise SidecarTruncated(f"PLE table {path} is truncated: it has {size} bytes, expected {self.table.bytes}",
                                        path=path, actual=size, expected=self.table.bytes)
             err = ctypes.create_string_buffer(512)
-            small, threshold, keep = _s3
+            small, threshold, keep, ghost = _s3
             handle = lib.rc_create(rows.ctypes.data, self.capacity, rb, POLICIES[policy], fd, int(self.direct),
                                    self.table.row_start, self.vocab_start, self.vocab_end, self.total_rows,
                                    self.table.bytes, self.workers, self.wave_pages, int(max_read_pages),
-                                   secrets.randbits(64) if _seed is None else int(_seed), int(_debug_hash), float(small), int(threshold), int(keep),
-                                   int(_debug_delay_us), err, len(err))
+                                   secrets.randbits(64) if _seed is None else int(_seed), int(_debug_hash),
+                                   float(small), int(threshold), int(keep), float(ghost), int(_debug_delay_us),
+                                   err, len(err))
             if not handle:
                 raise SidecarShapeMismatch(f"PLE row cache for {path}: {_err(err)}", path=path)
         except BaseException:
@@ -274,11 +282,28 @@ class RowCache:
         self._host_nodes: list = []
         self._finalizer = weakref.finalize(self, _release, lib, handle, fd, self._host_nodes)
 
+    @classmethod
+    def for_budget(cls, reader, budget_bytes: int, *, allocate=None, policy: str = DEFAULT_POLICY, **kw):
+        """A cache over ``reader`` whose rows + metadata + buffers fit ``budget_bytes``, its storage from
+        ``allocate(nbytes)`` (a uint8 array or tensor: e.g. ``staging.host_memory.allocate_registered``;
+        default plain memory), or None when the budget holds no row (0: the cache is off)."""
+        cap = capacity_for_budget(budget_bytes, reader.row_bytes, policy=policy,
+                                  wave_pages=kw.get("wave_pages", DEFAULT_WAVE_PAGES),
+                                  max_rows=int(getattr(reader, "max_rows", 0)), s3=kw.get("_s3", S3_DEFAULTS))
+        if cap < 1:
+            return None
+        nbytes = cap * reader.row_bytes
+        owner = np.zeros(nbytes, np.uint8) if allocate is None else allocate(nbytes)
+        storage = (owner if isinstance(owner, np.ndarray) else owner.numpy()).reshape(cap, reader.row_bytes)
+        cache = cls(reader, storage, policy=policy, **kw)
+        cache._storage_owner = owner  # e.g. the registered tensor: its registration lives as long as the cache
+        return cache
+
     # ------------------------------------------------------------------ accounting
 
     @property
     def metadata_bytes(self) -> int:
-        return int(self._lib.rc_metadata_bytes(self.capacity, POLICIES[self.policy]))
+        return int(self._lib.rc_metadata_bytes(self.capacity, POLICIES[self.policy], float(self._s3[3])))
 
     @property
     def working_set_bytes(self) -> int:
@@ -476,14 +501,15 @@ class CacheSimulator:
     ``tests/sidecar/test_row_cache.py`` proves its counters equal a real cache's on the same calls)."""
 
     def __init__(self, capacity: int, *, total_rows: int, row_bytes: int, policy: str = DEFAULT_POLICY,
-                 _s3=(S3_SMALL_FRACTION, S3_THRESHOLD, S3_KEEP_FREQ), seed: int = 0):
+                 _s3=S3_DEFAULTS, seed: int = 0):
         self._lib = lib = load()
         self.capacity, self.policy, self.row_bytes = int(capacity), policy, int(row_bytes)
         err = ctypes.create_string_buffer(512)
-        small, threshold, keep = _s3
+        small, threshold, keep, ghost = _s3
         self._c = lib.rc_create(None, self.capacity, self.row_bytes, POLICIES[policy], -1, 0, 0, 0, int(total_rows),
                                 int(total_rows), int(total_rows) * self.row_bytes, 1, DEFAULT_WAVE_PAGES,
-                                MAX_READ_PAGES, int(seed), 0, float(small), int(threshold), int(keep), 0, err, len(err))
+                                MAX_READ_PAGES, int(seed), 0, float(small), int(threshold), int(keep), float(ghost), 0,
+                                err, len(err))
         if not self._c:
             raise ValueError(_err(err))
         self._finalizer = weakref.finalize(self, _release_sim, lib, self._c)
@@ -518,4 +544,4 @@ def _release_sim(lib, handle) -> None:
 
 __all__ = ["RowCache", "HostRead", "captured_read", "CacheSimulator", "capacity_for_budget", "metadata_bytes", "fixed_bytes",
            "parse_budget_mb", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES", "SGLANG_BUDGET_ENV",
-           "VLLM_BUDGET_ENV", "PROFILE_DEFAULT_MB"]
+           "VLLM_BUDGET_ENV", "DEFAULT_BUDGET_MB"]

@@ -146,6 +146,20 @@ def test_bad_storage_policy_and_shapes_are_refused(table):
             c.read_rows(np.array([[1, 2]]), np.zeros((2, RB), np.uint8))
 
 
+def test_a_rank_range_beyond_32_bit_row_keys_is_refused(tmp_path):
+    """Slots keep a row as its 32-bit offset in the rank's range: a larger range is refused, not wrapped."""
+    rows = (1 << 32) + 10
+    path = tmp_path / "huge.bin"
+    with open(path, "wb") as f:
+        f.truncate(rows * RB)  # sparse
+    t = SidecarTable(0, path.name, path, "0" * 64, "float8_e4m3fn", rows, 160, 0, rows * RB)
+    with pytest.raises(SidecarShapeMismatch, match=r"at most 2\^32 - 1 per rank"):
+        RowCache(SidecarReader(t, max_rows=8), np.zeros((10, RB), np.uint8))
+    with RowCache(SidecarReader(t, vocab_start=5, vocab_end=5 + (1 << 32) - 1, max_rows=8),
+                  np.zeros((10, RB), np.uint8)) as c:  # the largest range that fits
+        np.testing.assert_array_equal(read(c, [5, (1 << 32) + 3, 4]), np.zeros((3, RB), np.uint8))
+
+
 # ----------------------------------------------------------------------------- never another id's row
 
 
@@ -162,7 +176,7 @@ def test_every_id_colliding_still_returns_each_ids_row(table, policy):
 def test_crafted_collisions_with_evictions_in_the_chain(table):
     """debug hash 1 (id mod index size): ids that share a home bucket, deleted and reinserted in any order."""
     cap = 50
-    index_cap = 2 * cap + 1
+    index_cap = cap + cap // 2 + 1  # row_cache.c: load factor 2/3
     rng = np.random.default_rng(4)
     colliding = np.array([7 + k * index_cap for k in range(ROWS // index_cap)])
     with cache_of(table, cap, _debug_hash=1) as c:
@@ -389,12 +403,28 @@ def test_working_set_counts_rows_metadata_and_buffers(table):
         assert c.working_set_bytes == cap * RB + c.metadata_bytes + fixed_bytes(max_rows=4096)
 
 
+def test_for_budget_sizes_and_allocates_through_the_caller(table):
+    got = []
+
+    def allocate(nbytes):
+        got.append(nbytes)
+        return np.zeros(nbytes, np.uint8)
+
+    budget = 40 << 20
+    c = RowCache.for_budget(SidecarReader(table, max_rows=4096), budget, allocate=allocate)
+    assert got == [c.capacity * RB] and c.working_set_bytes <= budget
+    np.testing.assert_array_equal(read(c, [3, 4]), expect([3, 4], 0, ROWS))
+    c.close()
+    assert RowCache.for_budget(SidecarReader(table, max_rows=4096), 0) is None  # 0: off
+
+
 @pytest.mark.parametrize("raw,msg", [("1.5", "not an integer"), ("-1", "out of range"), ("2000000", "out of range"),
                                      ("lots", "not an integer")])
 def test_budget_knob_refuses_bad_values(raw, msg):
     with pytest.raises(ValueError, match=msg):
         parse_budget_mb("SGLANG_SSD_STREAM_ROW_CACHE_MB", raw, 1024)
     assert parse_budget_mb("X", None, 512) == 512 and parse_budget_mb("X", " 0 ", 512) == 0
+    assert parse_budget_mb("X", None) == 1024  # unset, no profile: DEFAULT_BUDGET_MB
 
 
 # ----------------------------------------------------------------------------- as a host node

@@ -1,12 +1,15 @@
 #!/bin/sh
 # Create (once) and print the path of a cached venv holding an engine release, for tests and CI.
 # Usage: scripts/engine-venv.sh sglang|vllm [release]   (default: the pinned release)
-# Cache key: engine, release, Python minor version; an interrupted build lacks .complete and is
-# rebuilt. sglang and vllm pin clashing torch versions, hence one venv each.
+# Every distribution comes from the hash locks (hashes/locks/, written by scripts/lock.py) through
+# `pip install --require-hashes --no-deps`: the runtime lock install.sh uses plus the test extra.
+# Cache key: engine, release, Python minor version and the SHA-256 of the locks used, so a lock
+# change builds a new venv; an interrupted build lacks .complete and is rebuilt. sglang and vllm
+# pin clashing torch versions, hence one venv each.
 # A non-pinned release is a *source overlay*: a hardlink copy of the pinned venv with only the
-# engine distribution replaced (pip --no-deps). Older releases' own dependency sets are not all
-# installable here (sglang 0.5.22 needs cuda-tile from a vendor index), and our patches touch
-# only the engine's own .py files, which the overlay carries byte for byte.
+# engine wheel replaced (its own overlay lock, --no-deps). Older releases' own dependency sets are
+# not all installable here (sglang 0.5.22 needs cuda-tile from a vendor index), and our patches
+# touch only the engine's own .py files, which the overlay carries byte for byte.
 set -eu
 engine=$1
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,42 +17,53 @@ py=${PYTHON:-python3}
 pinned=$("$py" "$repo/sglang_ssd_stream/patching/engines.py" "$engine")
 release=${2:-$pinned}
 pyver=$("$py" -c 'import sys; print("%d%d" % sys.version_info[:2])')
+arch=$(uname -m)
 cache=${SSD_STREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sglang-ssd-stream}
+locks=$repo/hashes/locks
+
+lock_key() {  # first 16 hex digits of the SHA-256 over the given lock files
+    cat "$@" | "$py" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:16])'
+}
+
+runtime_lock=$locks/$engine-$pinned-py$pyver-$arch.txt
+test_lock=$locks/$engine-$pinned-py$pyver-$arch.test.txt
+for f in "$runtime_lock" "$test_lock"; do
+    [ -f "$f" ] || { echo "engine-venv: no lock $f (scripts/lock.py writes it)" >&2; exit 2; }
+done
+key=$(lock_key "$runtime_lock" "$test_lock")
 
 if [ "$release" = "$pinned" ]; then
-    venv="$cache/venvs/$engine-$pinned-py$pyver"
+    venv="$cache/venvs/$engine-$pinned-py$pyver-$key"
     if [ ! -f "$venv/.complete" ]; then
-        echo "engine-venv: building $venv (pip install $engine==$pinned; ~5 min, ~10 GB)" >&2
+        echo "engine-venv: building $venv from $(basename "$runtime_lock") + $(basename "$test_lock")" \
+             "(hash-checked; ~6 min, ~10 GB)" >&2
         rm -rf "$venv"
         mkdir -p "$cache/venvs"
         "$py" -m venv "$venv"
-        "$venv/bin/pip" install -q "$engine==$pinned" >&2
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
+            -r "$runtime_lock" -r "$test_lock" >&2
         touch "$venv/.complete"
     fi
 else
+    overlay_lock=$locks/$engine-$release-py$pyver-$arch.overlay.txt
+    [ -f "$overlay_lock" ] || { echo "engine-venv: no lock $overlay_lock (scripts/lock.py writes it)" >&2; exit 2; }
     base=$("$0" "$engine")
     base_venv=$(dirname "$(dirname "$base")")
-    venv="$cache/venvs/$engine-$release-on-$pinned-py$pyver"
+    venv="$cache/venvs/$engine-$release-on-$pinned-py$pyver-$(lock_key "$runtime_lock" "$test_lock" "$overlay_lock")"
     if [ ! -f "$venv/.complete" ]; then
         echo "engine-venv: building $venv ($engine $release sources over the $pinned venv)" >&2
         rm -rf "$venv"
         cp -al "$base_venv" "$venv"
         rm -f "$venv/.complete"
         # pip replaces files by unlink + create, so the hardlinked base venv is untouched.
-        "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$engine==$release" >&2
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
+            --force-reinstall -r "$overlay_lock" >&2
         touch "$venv/.complete"
     fi
     echo "$venv/bin/python"
     exit 0
 fi
-# Our own runtime and test dependencies; quick when already satisfied.
-"$venv/bin/pip" install -q "filelock>=3.12" "unidiff>=0.7.5" "packaging>=23" "tqdm>=4.66" \
-    "safetensors>=0.4" "pytest>=8" "hypothesis>=6.100" >&2
-# The validation suite's end-to-end test serves a tiny model with `transformers serve` (needs
-# accelerate) and plots latency (matplotlib); only the sglang venv runs it.
-if [ "$engine" = sglang ]; then
-    "$venv/bin/pip" install -q "accelerate==1.15.0" "matplotlib==3.11.2" >&2
-fi
-# The kit itself, editable, so the engine's plugin loaders see our entry points.
-"$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$repo" >&2
+# The kit itself, editable, so the engine's plugin loaders see our entry points (its dependencies
+# and setuptools, the build backend, came from the lock).
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
 echo "$venv/bin/python"

@@ -8,6 +8,7 @@ real qwen4_exp class selection picks upstream's classes (device class with
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import entry_points
 
@@ -65,3 +66,17 @@ def test_vllm_plugins_allowlist_can_exclude_us(monkeypatch):
     monkeypatch.setenv("VLLM_PLUGINS", "")
     harness.load_plugins(monkeypatch, {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "bogus"})
     assert not plugin._registered  # not called, so even bad settings cannot stop the process
+
+
+@pytest.mark.parametrize("value", [None, "", "ple_offload", "other", "other,ple_offload", "other, ple_offload",
+                                   "ple_offload,", " ple_offload", "PLE_OFFLOAD"])
+def test_the_allowlist_rule_is_vllms(monkeypatch, value):
+    """env.plugin_excluded (what doctor and serve refuse on) predicts whether vLLM's real loader runs us."""
+    from vllm_ple_offload import env, plugin
+
+    if value is None:
+        monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PLUGINS", value)
+    harness.load_plugins(monkeypatch, {})
+    assert plugin._registered is (not env.plugin_excluded(dict(os.environ)))

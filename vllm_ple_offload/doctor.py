@@ -123,12 +123,22 @@ def _read_int(path: str) -> int | None:
         return None
 
 
+def load_sidecar(path: str | os.PathLike):
+    """The sidecar manifest at ``path`` (``ssd-stream.json`` or its directory), loaded as every vLLM-side
+    user loads it (doctor, the plugin's SHA-256 check, the embedding): sizes checked, and a model view's
+    table links may resolve into the roots its marker records (``model build-view``), as on SGLang."""
+    from sglang_ssd_stream.sidecar.format import load_manifest
+    from sglang_ssd_stream.sidecar.view import view_trusted_roots
+
+    root = Path(path) if Path(path).is_dir() else Path(path).parent
+    return load_manifest(path, trusted_roots=view_trusted_roots(root))
+
+
 def sidecar_disks(settings: env.PleSettings, manifest=None) -> tuple[DiskFacts, ...]:
     """Load the sidecar manifest (refusing a bad one) and classify the disks of its tables."""
-    from sglang_ssd_stream.sidecar.format import load_manifest
     from sglang_ssd_stream.sidecar.storage import classify_disk
 
-    manifest = manifest or load_manifest(settings.sidecar)
+    manifest = manifest or load_sidecar(settings.sidecar)
     disks = [classify_disk(table.file) for table in manifest.tables]
     return tuple(DiskFacts(d.path, d.fstype, d.kind) for d in disks)
 
@@ -136,10 +146,8 @@ def sidecar_disks(settings: env.PleSettings, manifest=None) -> tuple[DiskFacts, 
 def _sidecar_facts(settings: env.PleSettings | None) -> dict:
     if settings is None or not settings.streaming:
         return {}
-    from sglang_ssd_stream.sidecar.format import load_manifest
-
     try:
-        manifest = load_manifest(settings.sidecar)  # sizes checked: a truncated table is refused here
+        manifest = load_sidecar(settings.sidecar)  # sizes checked: a truncated table is refused here
         return {"disks": sidecar_disks(settings, manifest),
                 "row_bytes": {t.layer: t.row_bytes for t in manifest.tables}}
     except KitError as exc:
@@ -311,7 +319,6 @@ def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> 
 
     ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this where the model is built,
     before the streamed embedding is swapped in, and refuses on an error finding."""
-    from sglang_ssd_stream.sidecar.format import load_manifest
     from sglang_ssd_stream.sidecar.verify import verify_sidecar
 
     if settings.no_verify:
@@ -321,7 +328,7 @@ def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> 
         if key in _verified:
             return _verified[key]
         try:
-            report = verify_sidecar(load_manifest(settings.sidecar), progress=progress)
+            report = verify_sidecar(load_sidecar(settings.sidecar), progress=progress)
         except KitError as exc:
             found = Finding(ERROR, "sidecar_sha", exc.message,
                             "rebuild or re-copy the sidecar (sglang-ssd-stream sidecar build / sidecar verify); "

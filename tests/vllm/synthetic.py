@@ -44,3 +44,17 @@ def write_sidecar(root: Path, tables: dict[int, tuple[str, np.ndarray]], *, row_
     manifest = root / "ssd-stream.json"
     manifest.write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": entries}))
     return manifest
+
+
+def write_view(view: Path, prepared: Path) -> Path:
+    """A model view over the sidecar in ``prepared`` as ``model build-view`` lays it out: the manifest copied,
+    each table a symlink into ``prepared``, the marker naming ``prepared`` as a trusted root."""
+    from sglang_ssd_stream.sidecar.view import MARKER_FORMAT, MARKER_NAME
+
+    (view / "ple").mkdir(parents=True)
+    (view / "ssd-stream.json").write_bytes((prepared / "ssd-stream.json").read_bytes())
+    for table in sorted((prepared / "ple").iterdir()):
+        (view / "ple" / table.name).symlink_to(table)
+    (view / MARKER_NAME).write_text(json.dumps({"format": MARKER_FORMAT, "version": 1, "prepared": str(prepared),
+                                                "trusted_roots": [str(prepared)], "entries": ["ple", "ssd-stream.json"]}))
+    return view / "ssd-stream.json"

@@ -279,3 +279,21 @@ def test_json_report_says_ok():
     f = facts()
     doc = as_json(preflight.facts_json(f), preflight.run_checks(PINNED, f))
     assert doc["ok"] is True and doc["facts"]["ptrace_permitted"] is False
+
+
+def test_a_model_views_sidecar_loads_like_on_sglang(tmp_path):
+    """A view's tables are links into the prepared snapshot its marker trusts; anything else still escapes."""
+    import numpy as np
+
+    from sglang_ssd_stream.sidecar.errors import SidecarPathEscape
+    from tests.vllm.synthetic import random_table, write_sidecar, write_view
+
+    write_sidecar(tmp_path / "prepared", {3: ("bfloat16", random_table(64, 8, 0))})
+    view = write_view(tmp_path / "view", tmp_path / "prepared")
+    facts = preflight._sidecar_facts(streaming(view))
+    assert facts.get("sidecar_error") is None and facts["row_bytes"] == {3: 8}
+    assert preflight.verify_sidecar_once(streaming(view), progress=False).level == OK
+    (tmp_path / "view" / ".ssd-stream-view.json").unlink()  # no marker: the links escape the artifact
+    with pytest.raises(SidecarPathEscape):
+        preflight.load_sidecar(view)
+    del np

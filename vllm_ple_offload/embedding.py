@@ -31,7 +31,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from sglang_ssd_stream.sidecar import check_model_shape, load_manifest, open_reader
+from sglang_ssd_stream.sidecar import check_model_shape, open_reader
 from sglang_ssd_stream.sidecar.errors import SidecarChecksumMismatch, SidecarShapeMismatch
 from sglang_ssd_stream.staging.gather import SidecarGather
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
@@ -46,7 +46,7 @@ from . import LOGGER_NAME, env
 from .errors import PleSettingsError
 from sglang_ssd_stream.staging.host_memory import account, allocate_registered, startup_line
 
-from .doctor import full_graph_refusal, require_memlock
+from .doctor import full_graph_refusal, load_sidecar, require_memlock
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -68,7 +68,7 @@ def _integrated_gpu() -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _manifest(path: str):
-    return load_manifest(path)
+    return load_sidecar(path)  # as the doctor and the plugin's SHA-256 check load it (model views included)
 
 
 class RegisteredPinnedPLEEmbedding(Qwen4ExpPLEPinnedHostEmbedding):

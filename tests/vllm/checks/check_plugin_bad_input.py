@@ -295,3 +295,25 @@ def test_class_rebound_is_refused(monkeypatch, sidecar):
     with pytest.raises(SystemExit, match=r"ngram_embedding.py:Qwen4ExpPLEEmbedding.__init__ is None, not a function"):
         harness.load_plugins(monkeypatch, streaming(sidecar),
                              prepare=lambda ne: monkeypatch.setattr(common, "Qwen4ExpPLEEmbedding", other))
+
+
+def test_a_model_views_sidecar_streams_its_rows(monkeypatch, tmp_path):
+    """VLLM_PLE_SIDECAR = a model view (the vLLM thor profile's {model}): the doctor, the SHA-256 check
+    and the embedding all load it with the view's trusted roots, as SGLang does."""
+    import torch
+
+    from tests.vllm.synthetic import write_view
+
+    cfg = harness.text_config()
+    lay = harness.layout(cfg)
+    table = random_table(lay.rows, lay.row_bytes, 7)
+    write_sidecar(tmp_path / "prepared", {harness.LAYER: ("bfloat16", table)})
+    view = write_view(tmp_path / "view", tmp_path / "prepared")
+    with harness.distributed(1):
+        harness.load_plugins(monkeypatch, streaming(view, VLLM_PLE_OFFLOAD_BACKEND="mmap"))
+        model = harness.build(cfg)
+        ids, qsl, ctx = harness.ngram_batch(3)
+        model.start_prefetch(ids, qsl, ctx)
+        got = model(torch.empty(0), ids, qsl, ctx)
+        want = harness.rows_of(table, model.compute_ngram_ids(ids, qsl, ctx))
+    assert got.contiguous().view(torch.uint8).numpy().tobytes() == want.tobytes()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
@@ -37,6 +37,7 @@ SGLANG_WINDOW_ENV = "SGLANG_SSD_STREAM_PREFETCH_CHUNKS"
 VLLM_WINDOW_ENV = "VLLM_PLE_PREFETCH_CHUNKS"
 DEFAULT_WINDOW = 2  # chunks beyond the one being computed
 MAX_WINDOW = 64
+MAX_REQUESTS = 4096  # requests remembered; the oldest is forgotten (an engine that never calls finished())
 
 
 def parse_window(name: str, raw: str | None, default: int = DEFAULT_WINDOW) -> int:
@@ -88,7 +89,7 @@ class PromptPrefetcher:
             raise ValueError(f"chunk_tokens ({chunk_tokens}) must be >= 1 and window ({window}) in 0..{MAX_WINDOW}")
         self.layers, self.chunk_tokens, self.window = list(layers), int(chunk_tokens), int(window)
         self._context = max(h.ngram_size - 1 for h, _ in self.layers)
-        self._reqs: dict[Hashable, _Request] = {}
+        self._reqs: OrderedDict[Hashable, _Request] = OrderedDict()
         self._queue: deque[tuple[Hashable, _Request, int, int]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -113,6 +114,9 @@ class PromptPrefetcher:
             req = self._reqs.get(key)
             if req is None:
                 req = self._reqs[key] = _Request(tokens, fetched_to=start)
+                while len(self._reqs) > MAX_REQUESTS:  # forgotten: its queued chunks are dropped when popped
+                    self._reqs.popitem(last=False)
+            self._reqs.move_to_end(key)
             req.tokens = tokens  # the same prompt, possibly a new list object holding it
             # a prefix-cache hit or a retraction may move the start: never fetch what will not be computed
             req.fetched_to = max(req.fetched_to, start)

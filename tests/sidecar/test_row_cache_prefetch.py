@@ -147,6 +147,27 @@ def test_a_finished_request_drops_its_queued_chunks():
     p.close()
 
 
+def test_requests_never_finished_are_forgotten_oldest_first(monkeypatch):
+    from sglang_ssd_stream.sidecar import prefetch
+
+    monkeypatch.setattr(prefetch, "MAX_REQUESTS", 3)
+    gate = threading.Event()
+    rec = Recorder(gate)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=0)
+    tokens = [prompt(CHUNK, s) for s in range(5)]
+    for k, t in enumerate(tokens):
+        p.scheduled(k, t, 0, CHUNK)
+    assert list(p._reqs) == [2, 3, 4]
+    gate.set()
+    assert p.drain(60)
+    # requests 0 and 1 are forgotten: their chunks are dropped, unless the thread already held one
+    assert p.stats.chunks_dropped in (1, 2) and p.stats.chunks_fetched + p.stats.chunks_dropped == 5
+    for t in tokens[2:]:
+        assert any(np.array_equal(c, chunk(t, 0, CHUNK)) for c in rec.calls)
+    assert not any(np.array_equal(c, chunk(tokens[1], 0, CHUNK)) for c in rec.calls)
+    p.close()
+
+
 def test_every_layer_gets_its_own_hash():
     r0, r1 = Recorder(), Recorder()
     p = PromptPrefetcher([(HASH, r0), (HASH1, r1)], chunk_tokens=CHUNK, window=0)

@@ -1,8 +1,10 @@
 #!/bin/sh
 # The project's test command (README "Test", and .ci/run). CPU only.
-#   scripts/test.sh [sglang] [vllm] [-- extra pytest args]
+#   scripts/test.sh [sglang] [vllm] [e2e] [-- extra pytest args]   (no suite named: all three)
 # Builds or reuses the cached engine venvs (scripts/engine-venv.sh), then runs, per venv,
-# the core tests and that engine's real-engine tests. Exit status: non-zero if any test failed.
+# the core tests and that engine's real-engine tests; e2e starts the real sglang server of the
+# sglang venv on this CPU (tests/e2e, marker e2e; ~10 server starts, bounded for 2-core CI).
+# Exit status: non-zero if any test failed.
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -16,6 +18,7 @@ done
 if [ -z "$suites" ]; then
     suites=sglang
     [ -d tests/vllm ] && suites="$suites vllm"
+    [ -d tests/e2e ] && suites="$suites e2e"
 fi
 
 # Engines write caches under $HOME on import: keep them out of the real one (the venv cache stays put).
@@ -37,12 +40,17 @@ for suite in $suites; do
                 others="$others $r=$(scripts/engine-venv.sh sglang "$r")"
             done
             HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg SSD_STREAM_SGLANG_RELEASES=$others \
-                "$sg" -m pytest tests -m "not vllm" "$@" || status=1 ;;
+                "$sg" -m pytest tests -m "not vllm and not e2e" "$@" || status=1 ;;
         vllm)
             vl=$(scripts/engine-venv.sh vllm)
             echo "== vllm venv: $vl"
             HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/vllm tests/test_wheel_architectures.py -m vllm "$@" || status=1 ;;
-        *) echo "unknown suite: $suite (expected sglang or vllm)" >&2; exit 64 ;;
+        e2e)
+            sg=$(scripts/engine-venv.sh sglang)
+            echo "== e2e: the real sglang server of $sg on this CPU"
+            command -v cc >/dev/null || { echo "e2e needs a C compiler (cc) for the stub driver" >&2; exit 1; }
+            HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg "$sg" -m pytest tests/e2e -m e2e "$@" || status=1 ;;
+        *) echo "unknown suite: $suite (expected sglang, vllm or e2e)" >&2; exit 64 ;;
     esac
 done
 exit $status

@@ -1,0 +1,108 @@
+"""Tiny random-weight checkpoints for the real sglang server on CPU, written at test time (no download).
+
+Weights come from transformers' own model classes (``save_pretrained``), so sglang loads a checkpoint
+laid out exactly as a real one: Qwen3 (an ordinary model) and qwen4_exp (36 GDN + 12 QSA layers in the
+real one; here 3 GDN + 1 QSA, PLE on two GDN layers, MoE, hyper-connections). The tokenizer is a
+1,000-token byte-level BPE trained here on local text, with a ChatML template. Random weights write
+nonsense: these models exercise control flow, never output quality.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+VOCAB = 1000
+PLE_LAYER_IDS = [1, 2]  # 1-based decoder layers; both are linear (GDN) layers
+SPLIT_NGRAM_PARTS = 4
+
+
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def write_tokenizer(out: Path, extra_special: list[str] = ()) -> dict[str, int]:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from sglang_ssd_stream.operate.validate.filler import Filler
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *extra_special]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = [Filler(7).text(60000), "0123456789 secret code number Reply JSON the three numbers only",
+            Filler(11).text(20000)]
+    tok.train_from_iterator(text, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=special[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return tok.get_vocab()
+
+
+def make_qwen3(out: Path) -> Path:
+    """A 2-layer Qwen3, hidden 64."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    vocab = write_tokenizer(out)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                      eos_token_id=vocab["<|im_end|>"], pad_token_id=vocab["<|endoftext|>"], tie_word_embeddings=True,
+                      torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
+    return out
+
+
+def qwen4_exp_text_config(vocab: dict[str, int]) -> dict:
+    """4 layers (GDN, GDN, GDN, QSA), PLE on layers 1 and 2, 4 experts, 2 hyper-connection streams."""
+    return dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=32, max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu",
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "indexed_attention"],
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        num_experts=4, num_experts_per_tok=2, hc_count=2, hc_lowrank=8,
+        ple_layer_ids=PLE_LAYER_IDS, ple_embed_dim=64, ngram_size=3, heads_per_ngram=2,
+        ngram_vocab_size_base=1000, split_ngram_parts=SPLIT_NGRAM_PARTS,
+        indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=32, indexer_budget=2048, indexer_compress_ratio=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        eos_token_id=vocab["<|im_end|>"], pad_token_id=vocab["<|endoftext|>"], tie_word_embeddings=False,
+    )
+
+
+def make_qwen4_exp(out: Path) -> Path:
+    """The tiny qwen4_exp, in bf16 (sglang offloads only bf16 PLE tables by default).
+
+    It is a vision-language checkpoint like the real one (sglang builds its processor at start), with a
+    one-block vision tower that no test feeds."""
+    import torch
+    from transformers import (Qwen2VLImageProcessor, Qwen3VLVideoProcessor, Qwen4ExpConfig,
+                              Qwen4ExpForConditionalGeneration)
+
+    vocab = write_tokenizer(out, VISION_TOKENS)
+    text = qwen4_exp_text_config(vocab)
+    cfg = Qwen4ExpConfig(text_config=text, vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 32,
+                                                          "num_heads": 2, "out_hidden_size": 64},
+                         image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
+                         vision_start_token_id=vocab["<|vision_start|>"], vision_end_token_id=vocab["<|vision_end|>"],
+                         tie_word_embeddings=False, torch_dtype="bfloat16")
+    Qwen2VLImageProcessor().save_pretrained(out)
+    Qwen3VLVideoProcessor().save_pretrained(out)
+    torch.manual_seed(0)
+    model = Qwen4ExpForConditionalGeneration(cfg).to(torch.bfloat16)
+    with torch.no_grad():  # transformers leaves some parameters at zero init; give the PLE path real numbers
+        for name, p in model.named_parameters():
+            if ".ple." in name and p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.05)
+    model.save_pretrained(out)
+    meta = json.loads((out / "config.json").read_text())
+    # sglang reads the interval of the full-attention layers; transformers drops it once layer_types is given
+    meta["text_config"]["full_attention_interval"] = 4
+    (out / "config.json").write_text(json.dumps(meta, indent=1))
+    return out

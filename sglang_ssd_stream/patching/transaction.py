@@ -344,6 +344,9 @@ class Transaction(StateView):
             self._rolling_back = True
             self._undo_created()
             self._rolling_back = False
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
             self._close()
             self._restore_signals()
             if isinstance(exc, KitError):
@@ -374,22 +377,25 @@ class Transaction(StateView):
     def _lock(self) -> None:
         fd_dir = self._engine_fd
         label = f"{STATE_DIR}/{self.engine.name}/lock"
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         for _ in range(3):
+            created = False
             try:
-                os.stat("lock", dir_fd=fd_dir, follow_symlinks=False)
-                existed = True
-            except FileNotFoundError:
-                existed = False
-                self._step(f"create {label}")
-            try:
-                fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644,
-                             dir_fd=fd_dir)
+                try:
+                    fd = os.open("lock", flags, dir_fd=fd_dir)
+                except FileNotFoundError:
+                    self._step(f"create {label}")
+                    try:
+                        fd = os.open("lock", flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd_dir)
+                        created = True
+                    except FileExistsError:
+                        continue  # another installer made it just now: open that one
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise RefusedSourceState(f"{self.dir / 'lock'} is a symlink; refusing to open it. "
                                              f"Nothing was changed.") from None
                 raise
-            if not existed:
+            if created:
                 self._created.append((fd_dir, "lock", False))
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

@@ -85,7 +85,7 @@ def select_manifest(target: Target, root: Path | None = None) -> tuple[Manifest,
     for m in manifests:
         if m.release == public_release(target.release):
             return m, manifests
-    own = broken.get(f"{target.engine.name}-{target.release}.json")
+    own = broken.get(f"{target.engine.name}-{public_release(target.release)}.json")
     if own is not None:
         raise own
     raise UnsupportedRelease(

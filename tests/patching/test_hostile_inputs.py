@@ -320,6 +320,17 @@ def test_broken_manifest_breaks_only_its_release(tmp_path):
     assert rc == EXIT_BAD_KIT_DATA and "sglang-0.5.22.json is not valid JSON" in err
 
 
+def test_broken_manifest_of_a_local_build_names_its_own_error(tmp_path):
+    """0.5.23+local selects the 0.5.23 manifest; when that one is broken, its own error is reported (exit 3)."""
+    kit = write_kit(tmp_path)
+    kit.manifest_file().write_text("{ not json")
+    dist = next(kit.site.glob("sglang-*.dist-info"))
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23+local\n")
+    dist.rename(kit.site / "sglang-0.5.23+local.dist-info")
+    rc, out, err = run_cli(kit, "status")
+    assert rc == EXIT_BAD_KIT_DATA and "sglang-0.5.23.json is not valid JSON" in err, err
+
+
 def test_shared_hard_link_is_never_written_through(tmp_path):
     """A target hard-linked to another file (the kit's own cloned venvs are: cp -al) is replaced by
     rename, so the other name keeps its bytes and inode through apply and revert."""

@@ -22,6 +22,7 @@ Imports only the standard library (no numpy, torch or engine).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -219,6 +220,20 @@ def _check_table_file(manifest: Path, t: SidecarTable) -> None:
         )
 
 
+def _read_regular(p: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``p`` if it is a regular file (a symlink to one is fine: HF snapshots link
+    into blobs/). Opened non-blocking and checked with fstat, so a FIFO or device raises instead of hanging."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
+
+
 def load_manifest(
     path: str | os.PathLike,
     *,
@@ -248,8 +263,7 @@ def load_manifest(
         p = p / MANIFEST_NAME
     root = p.parent
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        raw = _read_regular(p, MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         raise SidecarManifestError(f"{p}: sidecar manifest not found", path=str(p), actual=None, expected=MANIFEST_NAME) from None
     except OSError as exc:
@@ -260,6 +274,8 @@ def load_manifest(
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise SidecarManifestError(f"{p}: not valid JSON ({exc})", path=str(p)) from exc
+    except RecursionError:
+        raise SidecarManifestError(f"{p}: not a sidecar manifest (JSON nested too deeply)", path=str(p)) from None
 
     if not isinstance(doc, dict):
         raise _bad(p, "top level", type(doc).__name__, "a JSON object")

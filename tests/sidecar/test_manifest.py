@@ -138,6 +138,19 @@ def test_not_json(small):
     _expect(art, "{not json", SidecarManifestError, "not valid JSON")
 
 
+def test_deeply_nested_json_is_refused_not_a_traceback(small):
+    _, art = small
+    _expect(art, "[" * 100_000, SidecarManifestError, "nested too deeply")
+
+
+def test_a_fifo_in_place_of_the_manifest_is_refused_without_hanging(small):
+    _, art = small
+    (art / "ssd-stream.json").unlink()
+    os.mkfifo(art / "ssd-stream.json")  # no writer: a blocking open would hang for ever
+    with pytest.raises(SidecarManifestError, match="not a regular file"):
+        load_manifest(art)
+
+
 def test_duplicate_layer(small):
     _, art = small
     doc = _doc(art)

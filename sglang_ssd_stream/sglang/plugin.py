@@ -28,8 +28,9 @@ def _say(message: str) -> None:
 
 
 def _fatal(message: str) -> "NoReturn":  # noqa: F821
-    _say(message)
-    raise SystemExit(f"sglang-ssd-stream plugin: {message}")
+    # Not printed here: the interpreter (or multiprocessing's bootstrap, in a scheduler process) prints a
+    # SystemExit's text once on stderr; printing it too showed every refusal twice.
+    raise SystemExit(f"sglang-ssd-stream plugin: pid {os.getpid()}: {message}")
 
 
 def register() -> None:

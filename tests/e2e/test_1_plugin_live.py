@@ -22,6 +22,7 @@ def test_pristine_engine_refuses_to_start(refused_pristine):
     sc = refused_pristine
     assert sc.exit_code not in (None, 0), sc.log[-3000:]
     assert "sglang-ssd-stream plugin" in sc.log and "refusing to start" in sc.log, sc.log[-3000:]
+    assert sc.log.count("refusing to start") == 1, sc.log[-3000:]  # said once, not printed and raised
     assert "sglang 0.5.23 is not patched" in sc.log
     assert "sglang-ssd-stream patch apply" in sc.log and "SGLANG_SSD_STREAM_ALLOW_UNPATCHED=1" in sc.log
     assert "Uvicorn running" not in sc.log  # it never served

@@ -27,6 +27,9 @@ kit's (:mod:`sglang_ssd_stream.findings`).
   :data:`~.env.FULL_GRAPH_BACKENDS` (``pread``) refuse FULL CUDA graphs (:func:`full_graph_refusal`,
   the rule the embedding applies at model build); the mode is read from the launch flags with vLLM's
   own parser.
+- Host (shared with SGLang, ``operate/host.py``): the streamed backends' fetch pool against the CPU
+  affinity and cgroup quota (write-up 004 lost 2,242 s to throttling with 76 threads under a 16-CPU
+  quota), and on a Jetson the L4T release against the one write-up 003 ran.
 - ``VLLM_PLUGINS``: an allowlist that leaves out ``ple_offload`` while ``VLLM_PLE_*`` is set means
   vLLM never runs the plugin, which then cannot refuse anything itself: refused here.
 """
@@ -43,12 +46,14 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from sglang_ssd_stream.errors import EnvironmentProblem, KitError
+from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_release, thread_findings
 from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, errors_of, refusal_text
 
 from . import env
 from .errors import PleSettingsError, PreflightFailed
 
 CAP_IPC_LOCK, CAP_SYS_PTRACE = 14, 19
+L4T_VERIFIED = {(39, 2): "write-up 003 (vLLM, JetPack 7.2)"}  # the Jetson releases a write-up ran vLLM on
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch >= 2.9 reads both
 MEMLOCK_FIX = ("raise the locked-memory limit: docker run --ulimit memlock=-1, compose `ulimits: memlock: -1`, "
                "systemd LimitMEMLOCK=infinity, or `ulimit -l unlimited` in the launching shell")
@@ -83,6 +88,8 @@ class Facts:
     disks: tuple[DiskFacts, ...] = ()
     row_bytes: dict = field(default_factory=dict)  # sidecar layer -> bytes per row
     sidecar_error: str | None = None  # the sidecar's manifest or a table did not load
+    cpu: object = None  # operate.host.CpuBudget: affinity and cgroup quota (sizes the fetch pool)
+    tegra: object = None  # operate.host.TegraRelease on a Jetson, else None
 
     @property
     def expandable_segments(self) -> bool:
@@ -176,6 +183,8 @@ def gather_facts(settings: env.PleSettings | None, environ: Mapping[str, str] | 
         yama_ptrace_scope=_read_int("/proc/sys/kernel/yama/ptrace_scope"),
         seccomp_filter=status.get("Seccomp", "0").strip() == "2",
         alloc_conf={k: environ[k] for k in ALLOC_CONF_VARS if k in environ},
+        cpu=cpu_budget(),
+        tegra=tegra_release(),
         **_sidecar_facts(settings),
     )
 
@@ -273,6 +282,11 @@ def run_checks(settings: env.PleSettings, facts: Facts, *, need_bytes: int | Non
                                     "--cap-add SYS_PTRACE (compose `cap_add: [SYS_PTRACE]`); never --privileged"))
     else:
         findings.append(Finding(OK, "expandable_segments", "not set: no cross-process fd import, ptrace not needed"))
+    if settings.streaming and facts.cpu is not None:  # the fetch pool against the CPU quota (write-up 004)
+        findings += thread_findings({env.FETCH_WORKERS: settings.fetch_workers}, facts.cpu)
+    tegra = tegra_finding(facts.tegra, L4T_VERIFIED, expected=False)
+    if tegra is not None:
+        findings.append(tegra)
     for disk in facts.disks:
         if disk.kind == "network":
             findings.append(Finding(WARNING, "sidecar_disk", f"{disk.path} is on a network filesystem ({disk.fstype}); "

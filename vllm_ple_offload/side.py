@@ -6,6 +6,7 @@ from sglang_ssd_stream.operate.side import EngineSide, console_script
 
 from . import env
 from .doctor import INSTALL_FIX
+from .metrics import METRICS
 
 
 def _preflight(**launch) -> list:
@@ -26,6 +27,9 @@ SIDE = EngineSide(
     install_hint=INSTALL_FIX,
     # Inherited VLLM_PLE_* (and vLLM's plugin allowlist) change what the plugin does: the printed command shows them.
     shown_env=(env.PREFIX, env.PLUGINS_ENV),
+    # The streamed backends' fetch pool: serve sizes it to the CPU quota when the launch streams and leaves it unset.
+    thread_knobs=((env.FETCH_WORKERS, None),),
+    metrics=METRICS,  # what `watch` reads from vLLM's /metrics
     # `plan` speaks vLLM's flags; vLLM has no pool or Mamba-slot flag (it sizes both from what fits), so
     # those two plan inputs get plain names.
     plan_flags=(("--context-length", "--max-model-len"), ("--max-running-requests", "--max-num-seqs"),

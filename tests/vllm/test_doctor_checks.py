@@ -297,3 +297,26 @@ def test_a_model_views_sidecar_loads_like_on_sglang(tmp_path):
     with pytest.raises(SidecarPathEscape):
         preflight.load_sidecar(view)
     del np
+
+
+def test_fetch_pool_is_judged_against_the_cpu_quota():
+    """Write-up 004: 76 pool threads under a 16-CPU cgroup quota were throttled for 2,242 s."""
+    from sglang_ssd_stream.operate.host import CpuBudget
+
+    quota16 = CpuBudget(affinity=64, quota_cpus=16.0, source="/sys/fs/cgroup/cpu.max")
+    (found,) = by_check(preflight.run_checks(SIDECAR, facts(cpu=quota16)), "cpu_quota")
+    assert found.level == WARNING and "VLLM_PLE_FETCH_WORKERS=24" in found.message
+    assert found.fix == "export VLLM_PLE_FETCH_WORKERS=12 (serve sizes it when you leave it unset)"
+    roomy = CpuBudget(affinity=64, quota_cpus=None, source=None)
+    assert by_check(preflight.run_checks(SIDECAR, facts(cpu=roomy)), "cpu_quota")[0].level == OK
+    assert by_check(preflight.run_checks(PINNED, facts(cpu=quota16)), "cpu_quota") == []  # no pool with pinned
+
+
+def test_l4t_release_on_a_jetson():
+    from sglang_ssd_stream.operate.host import TegraRelease
+
+    ran = TegraRelease(39, 2, 0, "# R39 (release), REVISION: 2.0")
+    old = TegraRelease(36, 4, 0, "# R36 (release), REVISION: 4.0")
+    assert by_check(preflight.run_checks(PINNED, facts(tegra=ran)), "l4t")[0].level == OK
+    assert by_check(preflight.run_checks(PINNED, facts(tegra=old)), "l4t")[0].level == ERROR
+    assert by_check(preflight.run_checks(PINNED, facts()), "l4t") == []  # not a Jetson: nothing to say

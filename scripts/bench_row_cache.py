@@ -15,8 +15,9 @@ The stream is ``scripts/ple_trace.py``'s (real code, a real BPE, the real n-gram
 ``pagecache``
     (b) the mmap reader (``MappedReader``, ``MADV_RANDOM``) over a table of the real geometry (a
     51.2 GB sparse file: no disk space, no disk reads, but the same page-cache pages, charges and
-    faults) in a memory cgroup whose limit is the process's baseline + the budget; disk reads =
-    major faults (one per 4 KiB page with ``MADV_RANDOM``).
+    faults) in a memory cgroup (v1 ``memory.limit_in_bytes``) whose limit is the process's own memory
+    (the stream copied into anonymous memory) + the budget + an allowance for the kernel memory the
+    mapping costs (page tables); disk reads = major faults (one per 4 KiB page with ``MADV_RANDOM``).
 ``validate``
     The two stand-ins against real runs: the sparse file's fault counts against a file of real data
     under the same cgroup limit and id stream, and the simulated cache's counters against a real

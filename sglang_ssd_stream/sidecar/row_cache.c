@@ -325,12 +325,17 @@ static int32_t reserve(rc_cache_t *c, uint32_t key, int prefetch) {
 
 /* ------------------------------------------------------------------ errors */
 
+/* Called without the lock held: the message and the flag are read by other calls under it. */
 static void set_error(rc_cache_t *c, int fatal, const char *fmt, ...) {
+    char msg[sizeof c->error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->error, sizeof c->error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    pthread_mutex_lock(&c->lock);
+    if (!c->failed) memcpy(c->error, msg, sizeof msg); /* the first failure is the cause */
     if (fatal) c->failed = 1;
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* ------------------------------------------------------------------ reads */

@@ -54,7 +54,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -128,12 +127,12 @@ def row_cache(path: Path, rows: int, dtype: str, budget_mib: int, *, lo=None, hi
               registered: bool) -> RowCache:
     """The cache as an adapter builds it: sized to the budget, its rows in CUDA-registered memory
     (the GPU could read them in place) on the GPU box."""
-    allocate = None
-    if registered:
-        from sglang_ssd_stream.staging.host_memory import allocate_registered
+    from sglang_ssd_stream.staging.host_memory import allocate_registered
 
-        def allocate(nbytes):
-            return allocate_registered(nbytes, label="PLE row cache")
+    def registered_memory(nbytes):
+        return allocate_registered(nbytes, label="PLE row cache")
+
+    allocate = registered_memory if registered else None
     reader = SidecarReader(table_of(path, rows, dtype), vocab_start=lo, vocab_end=hi, max_rows=max_rows, workers=workers)
     return RowCache.for_budget(reader, budget_mib * MIB, allocate=allocate, workers=workers)
 

@@ -41,13 +41,15 @@ MAX_REQUESTS = 4096  # requests remembered; the oldest is forgotten (an engine t
 
 
 def parse_window(name: str, raw: str | None, default: int = DEFAULT_WINDOW) -> int:
-    """The prefetch window in chunks from variable ``name`` (0 turns prompt-ahead prefetch off)."""
+    """The prefetch window in chunks from variable ``name``: chunks fetched beyond the one being
+    scheduled (0: that chunk only; the row cache budget 0 turns caching and prefetch off)."""
     if raw is None:
         return default
     try:
         w = int(raw.strip(), 10)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer number of prefill chunks (e.g. 2; 0 turns it off)") from None
+        raise ValueError(f"{name}={raw!r} is not an integer number of prefill chunks ahead (e.g. 2; 0: the "
+                         f"scheduled chunk only)") from None
     if not 0 <= w <= MAX_WINDOW:
         raise ValueError(f"{name}={w} is out of range 0..{MAX_WINDOW} chunks")
     return w

@@ -53,13 +53,13 @@ class Kit:
         return self.data / "patches" / "sglang" / "0001-demo.patch"
 
     def cli(self, *args: str, env_extra: dict | None = None, wrapper: str | None = None,
-            prefix: list[str] = ()) -> subprocess.CompletedProcess:
+            prefix: list[str] = (), python: str = sys.executable) -> subprocess.CompletedProcess:
         """Run the real CLI in a subprocess against this kit."""
         verb, *rest = args
         argv = ["patch", verb, "--site-packages", str(self.site), "--data-dir", str(self.data), *rest]
         env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
-        cmd = [*prefix, sys.executable, "-c", wrapper, *argv] if wrapper else [
-            *prefix, sys.executable, "-m", "sglang_ssd_stream", *argv]
+        cmd = [*prefix, python, "-c", wrapper, *argv] if wrapper else [
+            *prefix, python, "-m", "sglang_ssd_stream", *argv]
         return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
 
 

@@ -9,8 +9,10 @@ code, the message and that the snapshot is unchanged: bytes, modes and entries.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -357,8 +359,19 @@ def test_unreadable_target_as_another_user(tmp_path):
         os.chown(p, 65534, 65534, follow_symlinks=False)
     os.chown(kit.path(B), 0, 0)
     os.chmod(kit.path(B), 0)
+    # The test venv may live where another user cannot go (CI's is under /root, mode 0700): run the kit with
+    # the system interpreter and a copy of the kit's third-party modules that user can read.
+    deps = tmp_path / "deps"
+    for name in ("packaging", "unidiff", "numpy"):  # the CLI imports the sidecar commands (numpy) too
+        src = Path(importlib.util.find_spec(name).submodule_search_locations[0])
+        shutil.copytree(src, deps / name)
+        if (src.parent / f"{name}.libs").is_dir():  # a manylinux wheel's vendored shared libraries
+            shutil.copytree(src.parent / f"{name}.libs", deps / f"{name}.libs")
+    python = shutil.which("python3", path="/usr/bin:/usr/local/bin:/bin")
+    assert python, "no system python3 another user can run"
     before = snapshot(tmp_path)
-    r = kit.cli("apply", prefix=["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+    r = kit.cli("apply", prefix=["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"], python=python,
+                env_extra={"PYTHONPATH": f"{deps}{os.pathsep}{REPO}"})
     assert r.returncode == EXIT_ENVIRONMENT, (r.returncode, r.stderr)
     assert f"cannot read {B}: EACCES (Permission denied)" in r.stderr
     assert snapshot(tmp_path) == before

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterable
 
 from sglang_ssd_stream.errors import RefusedSourceState
+from sglang_ssd_stream.patching.state import function_node
 
 
 def module_name(path: str) -> str:
@@ -56,18 +57,6 @@ def _nested_codes(code: types.CodeType) -> list[types.CodeType]:
         if isinstance(const, types.CodeType):
             out += [const, *_nested_codes(const)]
     return out
-
-
-def _node(tree: ast.Module, qualname: str) -> ast.AST | None:
-    scope: list[ast.AST] = [tree]
-    node = None
-    for part in qualname.split("."):
-        node = next((n for s in scope for n in ast.iter_child_nodes(s)
-                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part), None)
-        if node is None:
-            return None
-        scope = [node]
-    return node
 
 
 class _Verified:
@@ -134,7 +123,7 @@ def check_entries(module, entries: Iterable, site_packages: Path, all_entries: I
         if src.sha256(w.function) != w.sha256:
             problems.append(f"{where}: its source changed after the guard verified it")
             continue
-        expected, node = _code_of(src.code, w.function), _node(src.tree, w.function)
+        expected, node = _code_of(src.code, w.function), function_node(src.tree, w.function)
         live, why = _live(module, w.function)
         if live is None or expected is None or node is None:
             problems.append(f"{where} {why or 'is missing from the compiled source'}")

@@ -20,10 +20,8 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def function_sha256(source: bytes, qualname: str) -> str | None:
-    """SHA-256 of a function's exact source segment (``Class.method`` or ``function``); None if absent."""
-    text = source.decode("utf-8")
-    tree = ast.parse(text)
+def function_node(tree: ast.Module, qualname: str) -> ast.AST | None:
+    """The ``def``/``class`` node of ``qualname`` (``Class.method`` or ``function``) in ``tree``; None if absent."""
     scope: list[ast.AST] = [tree]
     node = None
     for part in qualname.split("."):
@@ -32,7 +30,14 @@ def function_sha256(source: bytes, qualname: str) -> str | None:
         if node is None:
             return None
         scope = [node]
-    segment = ast.get_source_segment(text, node)
+    return node
+
+
+def function_sha256(source: bytes, qualname: str) -> str | None:
+    """SHA-256 of a function's exact source segment (``Class.method`` or ``function``); None if absent."""
+    text = source.decode("utf-8")
+    node = function_node(ast.parse(text), qualname)
+    segment = None if node is None else ast.get_source_segment(text, node)
     return hashlib.sha256(segment.encode()).hexdigest() if segment is not None else None
 
 

@@ -29,6 +29,8 @@ EXIT_CODES_HELP = """exit codes:
 Refusals (2, 3, 5) change nothing; 4, 130 and 143 leave every file as it was."""
 
 
+CHANGE_VERBS = ("patch ", "restore ")  # report actions that write (commands.py words them so)
+
 def add_patch_commands(subparsers, engine_name: str) -> None:
     engine = ENGINES[engine_name]
     patch = subparsers.add_parser(
@@ -172,9 +174,9 @@ def render(report: commands.Report) -> None:
                 print(f"    {line}")
         else:
             print("  RECORD: every other file matches the engine's RECORD")
-    prefix = "would " if report.dry_run else ""
-    for action in report.actions:
-        print(f"  {prefix}{action}")
+    for action in report.actions:  # a dry run says "would" of what it would change, not of "already patched"
+        changes = action.startswith(CHANGE_VERBS)
+        print(f"  {'would ' if report.dry_run and changes else ''}{action}")
     if report.command == "verify":
         states = {f.state for f in report.files}
         if report.exit_code == EXIT_OK:

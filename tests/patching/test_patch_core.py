@@ -60,6 +60,13 @@ def test_dry_run_writes_nothing(kit):
     assert not (kit.site / ".sglang-ssd-stream").exists()
 
 
+def test_dry_run_on_a_patched_site_says_so_plainly(kit):
+    assert kit.cli("apply").returncode == EXIT_OK
+    r = kit.cli("apply", "--dry-run")
+    assert r.returncode == EXIT_OK, r.stderr
+    assert "  already patched: nothing to do" in r.stdout and "would already" not in r.stdout
+
+
 def test_tampered_file_is_refused_with_exact_message(kit):
     target = kit.path("sglang/srt/managers/b.py")
     target.write_text(target.read_text() + "# local edit\n")

@@ -51,3 +51,30 @@ def test_needles_at_depths():
         pos = text.index(f"The secret code number {i} is {code}.")
         assert abs(pos / len(text) - depth) < 0.02
     assert len(set(codes)) == 3 and needle_codes(1) == codes
+
+
+def test_latency_chart_without_matplotlib(tmp_path, monkeypatch):
+    """The runtimes ship no matplotlib: the report then carries the curve as text instead of no plot."""
+    import builtins
+    import json as _json
+
+    from sglang_ssd_stream.operate.validate import report
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    checks = [{"prompt_tokens": n, "target_tokens": n, "latency_s": s, "status": "pass", "recalled": [True]}
+              for n, s in ((1000, 0.5), (4000, 2.0))]
+    results = {"model": "m", "url": "http://127.0.0.1:1/v1", "status": "pass",
+               "suites": {"needle": {"status": "pass", "checks": checks}}}
+    files = report.write(results, tmp_path)
+    assert files["plot"] is None and results["plot"].startswith("text chart")
+    chart = (tmp_path / "latency.txt").read_text()
+    assert "1,000 | " + "#" * 12 + " 0.50 s" in chart and "4,000 | " + "#" * 50 + " 2.00 s" in chart
+    assert "4,000 | " in (tmp_path / "report.md").read_text()
+    assert _json.loads((tmp_path / "report.json").read_text())["plot"].startswith("text chart")

@@ -6,10 +6,25 @@ import json
 from pathlib import Path
 
 
+def _points(results: dict) -> list[tuple]:
+    return [(c["prompt_tokens"], c["latency_s"], (c.get("kv") or {}).get("used_tokens"))
+            for c in results.get("suites", {}).get("needle", {}).get("checks", [])
+            if c.get("prompt_tokens") and c.get("latency_s") is not None]
+
+
+def text_chart(points: list[tuple], width: int = 50) -> str:
+    """The latency curve as text (one bar per prompt length), for runtimes without matplotlib."""
+    top = max(p[1] for p in points) or 1.0
+    lines = ["prompt tokens | latency", "---:|:---"]
+    for tokens, latency, kv in sorted(points):
+        bar = "#" * max(1, round(width * latency / top))
+        lines.append(f"{tokens:>13,} | {bar} {latency:.2f} s" + (f" (KV {kv:,} tokens)" if kv is not None else ""))
+    return "\n".join(lines) + "\n"
+
+
 def write_plot(results: dict, path: Path) -> str:
-    """Returns what happened, for the report: 'written', or why not."""
-    points = [(c["prompt_tokens"], c["latency_s"], (c.get("kv") or {}).get("used_tokens"))
-              for c in results.get("suites", {}).get("needle", {}).get("checks", []) if c.get("prompt_tokens")]
+    """Returns what happened, for the report: 'written', 'text chart …', or why not."""
+    points = _points(results)
     if not points:
         return "not written: no needle measurements"
     try:
@@ -17,8 +32,10 @@ def write_plot(results: dict, path: Path) -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        return "not written: matplotlib is not installed"
+    except ImportError:  # the engines' runtimes do not ship it: the same curve as text
+        text = path.with_suffix(".txt")
+        text.write_text(text_chart(points))
+        return f"text chart {text} (matplotlib is not installed; `pip install matplotlib` for a PNG)"
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = [p[0] for p in points]
     ax.plot(xs, [p[1] for p in points], "o-", label="latency (s)")
@@ -102,6 +119,9 @@ def markdown(results: dict) -> str:
         for x in c["checks"]:
             lines.append(f"- {x['prompt'][:40]}…: {x['status']} {'; '.join(x.get('problems') or []) or x.get('error') or ''}")
     lines += ["", f"Plot: {results.get('plot')}", ""]
+    points = _points(results)
+    if points:
+        lines += ["```", text_chart(points).rstrip(), "```", ""]
     return "\n".join(lines)
 
 

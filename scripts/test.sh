@@ -26,6 +26,15 @@ export SSD_STREAM_CACHE=${SSD_STREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sgla
 test_home=$(mktemp -d)
 trap 'rm -rf "$test_home"' EXIT
 status=0
+# A cold cache builds the vLLM venv (mostly download) while the sglang suite runs (mostly CPU).
+vllm_build=""
+case " $suites " in
+    *" vllm "*)
+        case " $suites " in *" sglang "*)
+            scripts/engine-venv.sh vllm >"$test_home/vllm-venv.out" 2>"$test_home/vllm-venv.log" &
+            vllm_build=$! ;;
+        esac ;;
+esac
 for suite in $suites; do
     case $suite in
         sglang)
@@ -42,6 +51,12 @@ for suite in $suites; do
             HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg SSD_STREAM_SGLANG_RELEASES=$others \
                 "$sg" -m pytest tests -m "not vllm and not e2e" "$@" || status=1 ;;
         vllm)
+            if [ -n "$vllm_build" ] && ! wait "$vllm_build"; then
+                cat "$test_home/vllm-venv.log" >&2
+                echo "the vllm venv could not be built" >&2
+                status=1
+                continue
+            fi
             vl=$(scripts/engine-venv.sh vllm)
             echo "== vllm venv: $vl"
             HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/vllm tests/test_wheel_architectures.py -m vllm "$@" || status=1 ;;

@@ -13,6 +13,10 @@ the shared verifier and its cache); then the swap:
                                                        construction); ``Qwen4ExpPLEDeviceEmbedding`` ->
                                                        a class refusing ``cpu_offload: false``
 ``vllm.models.qwen4_exp.amd.ple_layer``                refused on ROCm (not verified there)
+``vllm.v1.worker.gpu.model_runner`` (row cache on)     ``GPUModelRunner.load_model`` builds the prompt-ahead
+                                                       prefetcher, ``update_requests`` feeds it
+                                                       (:mod:`.prompt_prefetch`)
+``vllm.v1.worker.gpu_model_runner`` (row cache on)     the V1 runner refuses to start (prefetch is V2's)
 =====================================================  ==============================================
 """
 
@@ -83,6 +87,11 @@ def activate(settings: env.PleSettings) -> None:
     doctor.raise_on_errors(findings)
     guard = runtime_guard.checks()
     then = {NVIDIA_MODULE: install_nvidia(settings), AMD_MODULE: refuse_rocm}
+    if settings.prefetch:  # a streamed backend with a row cache: prompt-ahead prefetch in the worker
+        from . import prompt_prefetch
+
+        then[prompt_prefetch.RUNNER_V2] = prompt_prefetch.install_v2(settings)
+        then[prompt_prefetch.RUNNER_V1] = prompt_prefetch.refuse_v1(settings)
     for name in sorted(guard.keys() | then.keys()):
         post_import.when_imported(name, _in_order(guard.get(name), then.get(name)))
 

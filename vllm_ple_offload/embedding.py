@@ -9,7 +9,8 @@ not own and the existing all-reduce (int8 view for FP8) assembles full rows.
 - :class:`RegisteredPinnedPLEEmbedding` (``pinned``): upstream's class with one change, the
   table's host memory (see :mod:`.host_memory`). Lookup, prefetch, reduce are upstream's.
 - :class:`StreamedPLEEmbedding` (``mmap``/``pread``): the table stays in the sidecar, read by
-  the engine-neutral reader (:func:`sglang_ssd_stream.sidecar.open_reader`) through the shared
+  the engine-neutral reader (:func:`sglang_ssd_stream.sidecar.open_reader`), behind a bounded row
+  cache unless ``VLLM_PLE_ROW_CACHE_MB=0`` (filled ahead of prefills by :mod:`.prompt_prefetch`), through the shared
   staging (:class:`sglang_ssd_stream.staging.gather.SidecarGather`, eager or as a native host node
   inside FULL CUDA graphs); a zero-element ``weight`` placeholder satisfies the loader (vLLM
   exempts empty placeholders from its "not initialized from checkpoint" check), ``weight_scale``
@@ -44,7 +45,8 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
 
 from . import LOGGER_NAME, env
 from .errors import PleSettingsError
-from sglang_ssd_stream.staging.host_memory import account, allocate_registered, startup_line
+from sglang_ssd_stream.sidecar.row_cache import RowCache, captured_read, fixed_bytes, metadata_bytes
+from sglang_ssd_stream.staging.host_memory import account, allocate_registered, fmt_bytes, startup_line
 
 from .doctor import full_graph_refusal, load_sidecar, require_memlock
 
@@ -110,6 +112,14 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
       prefetch buffer, all graph nodes replayed with the graph. Allowed for the backends in
       :data:`.env.FULL_GRAPH_BACKENDS` (``mmap``); ``pread`` refuses FULL graphs at build
       (bit-exact there too, but its per-row preads are not hidden behind a decode layer).
+
+    Row cache (``VLLM_PLE_ROW_CACHE_MB`` > 0, the default): the reader is wrapped in a
+    :class:`~sglang_ssd_stream.sidecar.row_cache.RowCache` holding this layer's share of the budget
+    (:func:`_open_row_cache`); eager lookups read through it and a FULL graph captures its native
+    host read (hits copied from memory, misses read with ``O_DIRECT``). ``pread`` still refuses
+    FULL graphs with a cache: a decode token's rows are new n-grams, unknown before the step
+    (prompt-ahead prefetch covers prompts only), so its misses are disk reads inside the host node,
+    as uncached ``pread``'s are. Budget 0: exactly the uncached path.
     """
 
     supports_prefetch: ClassVar[bool] = True
@@ -142,23 +152,36 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
         self._output_dim = num_ngram_heads * embedding_dim
         self._lookup_dtype = lookup_dtype
         capacity = self._prefetch_rows * num_ngram_heads
-        self._reader = open_reader(self.table, settings.backend, vocab_start=start, vocab_end=end,
-                                   total_rows=self.org_vocab_size, workers=settings.fetch_workers,
-                                   rows_per_task=settings.rows_per_task,
-                                   max_rows=max(1, min(capacity, settings.fetch_workers * settings.rows_per_task)))
+        reader = open_reader(self.table, settings.backend, vocab_start=start, vocab_end=end,
+                             total_rows=self.org_vocab_size, workers=settings.fetch_workers,
+                             rows_per_task=settings.rows_per_task,
+                             max_rows=max(1, min(capacity, settings.fetch_workers * settings.rows_per_task)))
+        try:
+            self.row_cache = _open_row_cache(reader, settings, prefix=prefix, device=self._device)
+        except BaseException:
+            reader.close()
+            raise
+        self._reader = reader if self.row_cache is None else self.row_cache  # the cache closes the reader
         self._gather = SidecarGather(self._reader, columns=embedding_dim, is_fp8=lookup_dtype == torch.float8_e4m3fn,
                                      capacity_rows=capacity, device=self._device, mode="h2d", output="raw",
                                      graph_rows=_graph_tokens(max_total_tokens) * self.etp_data_parallel_size
                                      * num_ngram_heads,
+                                     host_read=None if self.row_cache is None else captured_read,
                                      capacity_hint=_CAPACITY_HINT)
+        if self.row_cache is not None:
+            _ROW_CACHES.append(self.row_cache)
         self._prefetch_buffer: torch.Tensor | None = None
         self._prefetch_stream: torch.cuda.Stream | None = None
         self._prefetch_alloc_lock = threading.Lock()
         self._checked_shards = 0
         self._logged_at = 0
-        log.info("PLE %s: sidecar %s rows [%d, %d), %s reads x %d, staging %s eager + %s graph rows, working set %.1f MiB",
-                 prefix, self.table.file, start, end, settings.backend, settings.fetch_workers, capacity,
-                 self._gather.graph_rows, self._gather.working_set_bytes / 2**20)
+        cache = ("no row cache" if self.row_cache is None else
+                 f"row cache {self.row_cache.capacity} rows ({fmt_bytes(self.row_cache.working_set_bytes)}, "
+                 f"{self.row_cache.policy}, misses read {'O_DIRECT' if self.row_cache.direct else 'buffered, pages dropped'})")
+        log.info("PLE %s: sidecar %s rows [%d, %d), %s reads x %d, %s, staging %s eager + %s graph rows (%s), "
+                 "working set %s", prefix, self.table.file, start, end, settings.backend, settings.fetch_workers, cache,
+                 capacity, self._gather.graph_rows, fmt_bytes(self._gather.pinned_bytes),
+                 fmt_bytes(self._gather.working_set_bytes))
 
     # ---------------------------------------------------------------- storage and loading
 
@@ -257,6 +280,56 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
 
 
 _CAPACITY_HINT = "; vLLM's --max-num-batched-tokens and max_cudagraph_capture_size set it"
+
+# The row caches this process built, in construction order (the prompt-ahead prefetch hook checks that
+# the model it finds holds them: :mod:`.prompt_prefetch`).
+_ROW_CACHES: list[RowCache] = []
+
+
+def ple_layers(settings: env.PleSettings) -> int:
+    """PLE tables of this process: the sidecar manifest's tables (one per PLE decoder layer, every
+    rank streams a range of each), which the row cache budget is split over."""
+    return len({t.layer for t in _manifest(str(settings.sidecar)).tables})
+
+
+def _open_row_cache(reader, settings: env.PleSettings, *, prefix: str, device: torch.device) -> RowCache | None:
+    """This layer's share of ``VLLM_PLE_ROW_CACHE_MB`` as a :class:`RowCache` over ``reader`` (None: 0, off).
+
+    The share is the budget split evenly over the sidecar's PLE layers, capped at what caching this
+    rank's whole row range takes. Rows live in CUDA-registered host memory on a GPU (the captured
+    read's host node and the staging read them; memlock is checked first), plain memory on CPU.
+    Refuses a share that holds no row; any other failure (no compiler for the cache library, the
+    registration) propagates: fatal, never a silent fallback to the uncached reader."""
+    total = settings.row_cache_bytes
+    if not total:
+        return None
+    layers = max(1, ple_layers(settings))
+    share = total // layers
+    rb, rows = reader.row_bytes, max(1, reader.vocab_end - reader.vocab_start)
+    buffers = fixed_bytes(max_rows=reader.max_rows)
+    whole = rows * rb + metadata_bytes(rows) + buffers
+    least = buffers + rb + metadata_bytes(1)
+    if share < least:
+        need_mb = -(-least * layers // (1 << 20))
+        raise PleSettingsError(
+            f"{env.ROW_CACHE_MB}={settings.row_cache_mb} split over the sidecar's {layers} PLE layer(s) leaves "
+            f"{fmt_bytes(share)} per layer, less than one row cache needs ({fmt_bytes(least)}: its read buffers and a "
+            f"row); set {env.ROW_CACHE_MB} to at least {need_mb}, or to 0 to turn the row cache off")
+    allocate = None
+    if device.type == "cuda":
+        def allocate(nbytes: int):
+            require_memlock(account().total + nbytes, what=f"the PLE row cache of {prefix}")
+            return allocate_registered(nbytes, label=f"{prefix} row cache")
+    cache = RowCache.for_budget(reader, min(share, whole), allocate=allocate)
+    if cache is None:  # cannot happen above `least`; a refusal, never an uncached serve
+        raise PleSettingsError(f"{prefix}: a row cache budget of {fmt_bytes(min(share, whole))} holds no row")
+    snap = account(cache_bytes=cache.working_set_bytes)
+    log.info("%s", startup_line(f"{prefix} row cache", cache.working_set_bytes,
+                                f"row cache ({cache.capacity} rows of {rb} B in "
+                                f"{'registered' if allocate else 'plain'} host memory + metadata and read buffers; "
+                                f"{fmt_bytes(share)} of {env.ROW_CACHE_MB}={settings.row_cache_mb} over {layers} "
+                                f"layer(s))", snap, _integrated_gpu()))
+    return cache
 
 
 def _graph_tokens(max_total_tokens: int) -> int:

@@ -12,6 +12,12 @@ configuration would otherwise be ignored silently. ``1`` selects a backend:
              working set) instead of page faults: SGLang's ``SGLANG_SSD_STREAM_IO=pread``.
              (Called ``sidecar`` before; that name is refused with the new one.)
 
+With a streamed backend, ``VLLM_PLE_ROW_CACHE_MB`` (default 1024, 0 = off) is the byte budget of the row
+cache (:mod:`sglang_ssd_stream.sidecar.row_cache`) for all PLE layers of a process together, split
+evenly per layer, and ``VLLM_PLE_PREFETCH_CHUNKS`` (default 2) the prompt-ahead prefetch window in
+prefill chunks beyond the one being computed (:mod:`sglang_ssd_stream.sidecar.prefetch`); prefetch
+fills the cache, so it is only set with a cache.
+
 Any unknown ``VLLM_PLE_*`` name is refused (a typo would otherwise be ignored). Numbers and
 switches follow one strict rule: ASCII digits only (no sign, space, ``_`` or other scripts' digits).
 
@@ -40,8 +46,14 @@ ROWS_PER_TASK = "VLLM_PLE_ROWS_PER_TASK"
 STATS_INTERVAL = "VLLM_PLE_STATS_INTERVAL"
 NO_VERIFY = "VLLM_PLE_NO_VERIFY"  # "1": skip the sidecar's one-time SHA-256 check (explicit opt-out)
 ALLOW_UNPATCHED = "VLLM_PLE_ALLOW_UNPATCHED"
-KNOWN = (CPU_OFFLOAD, BACKEND, SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ALLOW_UNPATCHED)
-STREAMING_ONLY = (SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY)
+# The engine-neutral knobs' vLLM names and limits (this module stays stdlib-only; tests/vllm/test_env.py pins
+# them equal to sidecar/row_cache.py VLLM_BUDGET_ENV, DEFAULT_BUDGET_MB, MAX_BUDGET_MB and sidecar/prefetch.py
+# VLLM_WINDOW_ENV, DEFAULT_WINDOW, MAX_WINDOW).
+ROW_CACHE_MB = "VLLM_PLE_ROW_CACHE_MB"
+PREFETCH_CHUNKS = "VLLM_PLE_PREFETCH_CHUNKS"
+KNOWN = (CPU_OFFLOAD, BACKEND, SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ROW_CACHE_MB,
+         PREFETCH_CHUNKS, ALLOW_UNPATCHED)
+STREAMING_ONLY = (SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ROW_CACHE_MB, PREFETCH_CHUNKS)
 
 # vLLM's plugin allowlist and our entry point's name in it (pyproject: vllm.general_plugins).
 PLUGINS_ENV = "VLLM_PLUGINS"
@@ -63,6 +75,10 @@ DEFAULT_ROWS_PER_TASK = 2048
 MAX_FETCH_WORKERS = 256
 MAX_ROWS_PER_TASK = 1 << 20
 MAX_STATS_INTERVAL = 1 << 30
+DEFAULT_ROW_CACHE_MB = 1024  # all PLE layers of a process together
+MAX_ROW_CACHE_MB = 1 << 20  # 1 TiB: anything larger is a typo
+DEFAULT_PREFETCH_CHUNKS = 2
+MAX_PREFETCH_CHUNKS = 64
 # One fetch round is FETCH_WORKERS x ROWS_PER_TASK rows of one table; the pread backend's page
 # buffer holds a whole round (and the mmap backend's index arrays scale with it), per table and
 # process. 256 MiB is 34x the Thor default (24 x 2,048 x 160 B = 7.5 MiB).
@@ -80,6 +96,17 @@ class PleSettings:
     stats_interval: int  # lookups between timing log lines; 0 = never
     allow_unpatched: bool
     no_verify: bool = False  # skip the sidecar's SHA-256 check (streaming backends only)
+    row_cache_mb: int = 0  # row cache budget for all PLE layers of the process (streaming only; 0 = off)
+    prefetch_chunks: int = DEFAULT_PREFETCH_CHUNKS  # prompt-ahead window (with a row cache only)
+
+    @property
+    def row_cache_bytes(self) -> int:
+        return self.row_cache_mb << 20 if self.streaming else 0
+
+    @property
+    def prefetch(self) -> bool:
+        """Prompt-ahead prefetch runs (it fills the row cache, so only with one)."""
+        return self.row_cache_bytes > 0
 
     @property
     def streaming(self) -> bool:
@@ -88,8 +115,10 @@ class PleSettings:
     def describe(self) -> str:
         if not self.streaming:
             return f"backend={self.backend}"
+        cache = (f"row_cache={self.row_cache_mb} MiB prefetch_chunks={self.prefetch_chunks}" if self.row_cache_mb
+                 else "row_cache=off")
         return (f"backend={self.backend} sidecar={self.sidecar} fetch_workers={self.fetch_workers} "
-                f"rows_per_task={self.rows_per_task}" + (" sha256_check=off" if self.no_verify else ""))
+                f"rows_per_task={self.rows_per_task} {cache}" + (" sha256_check=off" if self.no_verify else ""))
 
 
 def _digits(name: str, raw: str, expected: str) -> int:
@@ -173,6 +202,10 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
     if streaming and not sidecar:
         raise PleSettingsError(f"{BACKEND}={backend} needs {SIDECAR}=<path to ssd-stream.json or its directory>"
                                + (" (it is empty)" if sidecar == "" else ""))
+    row_cache_mb = _int(env, ROW_CACHE_MB, DEFAULT_ROW_CACHE_MB if streaming else 0, 0, MAX_ROW_CACHE_MB)
+    if row_cache_mb == 0 and PREFETCH_CHUNKS in env:
+        raise PleSettingsError(f"{PREFETCH_CHUNKS} set while {ROW_CACHE_MB}=0: prompt-ahead prefetch reads rows into "
+                               f"the row cache, which is off; unset {PREFETCH_CHUNKS}, or give the cache a budget")
     return PleSettings(
         backend=backend,
         sidecar=Path(sidecar) if sidecar else None,
@@ -181,4 +214,6 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         stats_interval=_int(env, STATS_INTERVAL, 0, 0, MAX_STATS_INTERVAL),
         allow_unpatched=_flag(env, ALLOW_UNPATCHED),
         no_verify=_flag(env, NO_VERIFY),
+        row_cache_mb=row_cache_mb,
+        prefetch_chunks=_int(env, PREFETCH_CHUNKS, DEFAULT_PREFETCH_CHUNKS, 0, MAX_PREFETCH_CHUNKS),
     )

@@ -84,7 +84,8 @@ def test_streaming_needs_a_sidecar(backend):
 
 
 @pytest.mark.parametrize("name", ["VLLM_PLE_SIDECAR", "VLLM_PLE_FETCH_WORKERS", "VLLM_PLE_ROWS_PER_TASK",
-                                  "VLLM_PLE_STATS_INTERVAL", "VLLM_PLE_NO_VERIFY"])
+                                  "VLLM_PLE_STATS_INTERVAL", "VLLM_PLE_NO_VERIFY", "VLLM_PLE_ROW_CACHE_MB",
+                                  "VLLM_PLE_PREFETCH_CHUNKS"])
 def test_streaming_knobs_are_refused_with_pinned(name):
     with pytest.raises(PleSettingsError, match=f"{name} only apply to the mmap and pread backends"):
         env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", name: "1"})
@@ -97,6 +98,10 @@ def test_streaming_knobs_are_refused_with_pinned(name):
     ("VLLM_PLE_ROWS_PER_TASK", "0", "out of range 1.."),
     ("VLLM_PLE_ROWS_PER_TASK", "1.5", "is not an integer"),
     ("VLLM_PLE_STATS_INTERVAL", "-1", "is not an integer"),
+    ("VLLM_PLE_ROW_CACHE_MB", "1048577", r"out of range 0..1048576"),
+    ("VLLM_PLE_ROW_CACHE_MB", "1G", "is not an integer"),
+    ("VLLM_PLE_PREFETCH_CHUNKS", "65", r"out of range 0..64"),
+    ("VLLM_PLE_PREFETCH_CHUNKS", "-1", "is not an integer"),
 ])
 def test_bad_numbers(name, value, match, tmp_path):
     with pytest.raises(PleSettingsError, match=match):
@@ -106,7 +111,8 @@ def test_bad_numbers(name, value, match, tmp_path):
 
 # int() takes all of these (issue 16 item 7); the one rule is ASCII digits only, like the switches.
 @pytest.mark.parametrize("value", ["1_6", "\u0668", "+8", " 8 ", "8 ", "", "\uff18", "0x10", "1e3"])
-@pytest.mark.parametrize("name", ["VLLM_PLE_FETCH_WORKERS", "VLLM_PLE_ROWS_PER_TASK", "VLLM_PLE_STATS_INTERVAL"])
+@pytest.mark.parametrize("name", ["VLLM_PLE_FETCH_WORKERS", "VLLM_PLE_ROWS_PER_TASK", "VLLM_PLE_STATS_INTERVAL",
+                                  "VLLM_PLE_ROW_CACHE_MB", "VLLM_PLE_PREFETCH_CHUNKS"])
 def test_numbers_are_ascii_digits_only(name, value, tmp_path):
     with pytest.raises(PleSettingsError, match=r"is not an integer .*\(ASCII digits only\)"):
         env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap",
@@ -182,3 +188,41 @@ def test_every_vllm_ple_variable_is_named_only_in_env_py():
         names = {m for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
                  and id(n) not in docstrings for m in re.findall(r"VLLM_PLE_[A-Z_]+", n.value)}
         assert not names, f"{path.name} spells {sorted(names)}; use vllm_ple_offload.env"
+
+
+STREAM = {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM_PLE_SIDECAR": "/srv/ple"}
+
+
+def test_streaming_gets_a_row_cache_and_prefetch_by_default():
+    s = env.read_settings(STREAM)
+    assert (s.row_cache_mb, s.row_cache_bytes, s.prefetch_chunks, s.prefetch) == (1024, 1 << 30, 2, True)
+    assert "row_cache=1024 MiB prefetch_chunks=2" in s.describe()
+
+
+def test_pinned_has_no_row_cache():
+    s = read(VLLM_PLE_CPU_OFFLOAD="1")
+    assert (s.row_cache_mb, s.row_cache_bytes, s.prefetch) == (0, 0, False)
+
+
+def test_row_cache_and_window_knobs():
+    s = env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "256", "VLLM_PLE_PREFETCH_CHUNKS": "0"})
+    assert (s.row_cache_bytes, s.prefetch_chunks, s.prefetch) == (256 << 20, 0, True)  # 0: the scheduled chunk only
+    s = env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0"})
+    assert (s.row_cache_bytes, s.prefetch) == (0, False) and "row_cache=off" in s.describe()
+
+
+def test_prefetch_without_a_cache_is_refused():
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_PREFETCH_CHUNKS set while VLLM_PLE_ROW_CACHE_MB=0: "
+                                               "prompt-ahead prefetch reads rows into the row cache, which is off"):
+        env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_PREFETCH_CHUNKS": "2"})
+
+
+def test_the_knobs_are_the_engine_neutral_ones():
+    """env.py stays stdlib-only, so it spells the shared knobs' names and limits: they must be the shared ones."""
+    from sglang_ssd_stream.sidecar import prefetch, row_cache
+
+    assert (env.ROW_CACHE_MB, env.DEFAULT_ROW_CACHE_MB, env.MAX_ROW_CACHE_MB) == (
+        row_cache.VLLM_BUDGET_ENV, row_cache.DEFAULT_BUDGET_MB, row_cache.MAX_BUDGET_MB)
+    assert (env.PREFETCH_CHUNKS, env.DEFAULT_PREFETCH_CHUNKS, env.MAX_PREFETCH_CHUNKS) == (
+        prefetch.VLLM_WINDOW_ENV, prefetch.DEFAULT_WINDOW, prefetch.MAX_WINDOW)
+    assert {env.ROW_CACHE_MB, env.PREFETCH_CHUNKS} <= set(env.KNOWN) & set(env.STREAMING_ONLY)

@@ -18,6 +18,7 @@ from .synthetic import random_table, write_sidecar
 CHECKS = [
     "tests/vllm/checks/check_plugin_off.py",
     "tests/vllm/checks/check_plugin_streamed.py",
+    "tests/vllm/checks/check_row_cache.py",
     "tests/vllm/checks/check_plugin_bad_input.py",
     "tests/vllm/checks/check_pinned_backend.py",
     "tests/vllm/checks/check_doctor_launch.py",

@@ -158,9 +158,9 @@ def _crafted_ids(rows: int, heads: int, seed: int) -> dict[str, torch.Tensor]:
 @pytest.fixture
 def streamed(tmp_path, monkeypatch, request):
     """The real embedding (plugin-selected) of an FP8 sidecar, its checkpoint scale loaded."""
-    backend, mode = request.param
+    backend, mode, *cache = request.param
     cfg, lay, table, manifest = make_sidecar(tmp_path, "float8_e4m3fn", seed=5)
-    harness.load_plugins(monkeypatch, settings(backend, manifest))
+    harness.load_plugins(monkeypatch, {**settings(backend, manifest), **{"VLLM_PLE_ROW_CACHE_MB": c for c in cache}})
     model = harness.build(cfg, cudagraph_mode=mode)
     model.load_weights([("ngram_embedding.weight_scale", torch.tensor([0.5], dtype=torch.float32))])
     return model.ngram_embedding, lay, table
@@ -211,9 +211,12 @@ def simulated_capture(monkeypatch):
     return nodes
 
 
-@pytest.mark.parametrize("streamed", [("mmap", "FULL_AND_PIECEWISE"), ("mmap", "FULL_DECODE_ONLY")], indirect=True,
-                         ids=["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+@pytest.mark.parametrize("streamed", [("mmap", "FULL_AND_PIECEWISE", "0"), ("mmap", "FULL_DECODE_ONLY", "0"),
+                                      ("mmap", "FULL_AND_PIECEWISE", "64")], indirect=True,
+                         ids=["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE-row-cache"])
 def test_a_full_graph_captures_the_native_host_read(streamed, simulated_capture, tmp_path, monkeypatch):
+    """Without a row cache the reader's native read; with one the cache's native host read (hits from memory)."""
+    from sglang_ssd_stream.sidecar.row_cache import HostRead
     from sglang_ssd_stream.staging.native_read import NativeRead
 
     monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit-home"))  # the library is compiled here
@@ -221,7 +224,12 @@ def test_a_full_graph_captures_the_native_host_read(streamed, simulated_capture,
     for name, ids in _crafted_ids(lay.rows, lay.heads, 3).items():
         got = _lookup(emb, torch.from_numpy(ids))
         assert np.array_equal(got.view(torch.uint8).numpy(), harness.rows_of(table, torch.from_numpy(ids))), name
-    assert len(simulated_capture) == 4 and all(isinstance(n, NativeRead) and n.io == "mmap" for n in simulated_capture)
+    if emb.row_cache is None:
+        assert len(simulated_capture) == 4 and all(isinstance(n, NativeRead) and n.io == "mmap" for n in simulated_capture)
+    else:
+        assert len(simulated_capture) == 4 and all(isinstance(n, HostRead) and n.cache is emb.row_cache
+                                                   for n in simulated_capture)
+        assert [n.calls for n in simulated_capture] == [1, 1, 1, 1] and emb.row_cache.stats["lookups"] > 0
     assert emb._gather.stats.captured == 4 and emb._gather.stats.lookups == 0
 
 

@@ -1,0 +1,211 @@
+"""Prompt-ahead prefetch in vLLM 0.33's worker: the rows of a prefill's next chunks, read into the row caches.
+
+vLLM 0.33 runs qwen4_exp on its V2 model runner (``vllm/v1/worker/gpu/model_runner.py``; the
+n-gram context plumbing ``Qwen4ExpModelState`` is V2's). Each step, ``GPUModelRunner.execute_model``
+applies the scheduler's output to the request states (``finish_requests``, ``add_requests``,
+``update_requests``) before it prepares the inputs. Right after ``update_requests`` the step's plan
+is complete and the forward has not been enqueued: for every request prefilled this step,
+:meth:`PromptHook.step` calls :meth:`~sglang_ssd_stream.sidecar.prefetch.PromptPrefetcher.scheduled`
+with the request's prefill tokens and ``[num_computed_tokens, num_computed_tokens + num_scheduled)``,
+and :meth:`~sglang_ssd_stream.sidecar.prefetch.PromptPrefetcher.finished` for the finished and
+preempted ones (and for a request whose prefill is complete). Those calls only queue work for the
+prefetcher's background thread: the runner never hashes, reads or waits for the disk.
+
+One :class:`~sglang_ssd_stream.sidecar.prefetch.PromptPrefetcher` per process, built right after
+``GPUModelRunner.load_model`` from the loaded model: per PLE layer, the n-gram hash from the
+buffers vLLM really uses (``Qwen4ExpNGramEmbedding.layer_multipliers``, ``ngram_heads_vocab_sizes``,
+``ngram_heads_offsets``, which a checkpoint may override; bit-exact with vLLM's hashing:
+``tests/vllm/checks/check_ngram_hash.py``) and that layer's row cache; chunks of vLLM's
+``max_num_batched_tokens``; the window ``VLLM_PLE_PREFETCH_CHUNKS``.
+
+Fatal, never silent: a row cache built in a process whose runner loads a model without it, and
+the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0`` or a feature V2 lacks) with a row cache, stop
+the worker with the fix named. Installed by :mod:`.activate` through :mod:`.post_import` only when
+a streamed backend runs with a row cache. Not covered: an MTP draft model's PLE layers are read
+through their caches but not prefetched (their tokens are shifted by one); with data parallelism a
+rank prefetches for its own requests only.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from typing import Sequence
+
+from . import LOGGER_NAME, env
+from .errors import PleSettingsError
+
+log = logging.getLogger(LOGGER_NAME)
+
+RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
+RUNNER_V1 = "vllm.v1.worker.gpu_model_runner"
+_MARK = "_vllm_ple_prompt_prefetch"  # set on our wrappers: installing again is a no-op
+
+_lock = threading.Lock()
+_hook: "PromptHook | None" = None  # this process's (one runner per worker process)
+
+
+class PromptHook:
+    """Feeds one prefetcher from the scheduler outputs the runner applies (see the module docstring)."""
+
+    def __init__(self, prefetcher):
+        self.prefetcher = prefetcher
+        self._prompts: dict[str, Sequence[int]] = {}  # requests still prefilling -> their prefill tokens
+
+    def _schedule(self, req_id: str, tokens: Sequence[int], computed: int, scheduled: int) -> None:
+        if computed >= len(tokens):  # prefill done (decode, or the last chunk was computed)
+            if self._prompts.pop(req_id, None) is not None:
+                self.prefetcher.finished(req_id)
+            return
+        if scheduled > 0:
+            self.prefetcher.scheduled(req_id, tokens, computed, computed + scheduled)
+
+    def step(self, scheduler_output) -> None:
+        """The runner applied ``scheduler_output`` (vLLM's ``SchedulerOutput``); queue its prefills."""
+        gone = set(scheduler_output.finished_req_ids)
+        if scheduler_output.preempted_req_ids:
+            gone |= scheduler_output.preempted_req_ids  # V2 removes them; a resumed one comes back as new
+        for req_id in gone:
+            if self._prompts.pop(req_id, None) is not None:
+                self.prefetcher.finished(req_id)
+        counts = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            tokens = new.prefill_token_ids if new.prefill_token_ids is not None else new.prompt_token_ids
+            if tokens is None:  # prompt embeddings: no token ids to hash
+                continue
+            if self._prompts.pop(new.req_id, None) is not None:  # re-added (streaming input): start afresh
+                self.prefetcher.finished(new.req_id)
+            self._prompts[new.req_id] = tokens
+            self._schedule(new.req_id, tokens, new.num_computed_tokens, counts.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            tokens = self._prompts.get(req_id)
+            if tokens is not None:
+                self._schedule(req_id, tokens, computed, counts.get(req_id, 0))
+
+    @property
+    def tracked(self) -> int:
+        """Requests whose prefill tokens the hook still holds."""
+        return len(self._prompts)
+
+    def close(self) -> None:
+        self.prefetcher.close()
+
+
+def prefetch_layers(model) -> list:
+    """``(NGramHash, RowCache)`` of every streamed PLE layer with a row cache in ``model``, forward order."""
+    from sglang_ssd_stream.sidecar.ngram import NGramHash
+    from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpNGramEmbedding
+
+    from .embedding import StreamedPLEEmbedding
+
+    layers = []
+    for module in model.modules():
+        inner = getattr(module, "ngram_embedding", None)
+        if not isinstance(module, Qwen4ExpNGramEmbedding) or not isinstance(inner, StreamedPLEEmbedding) \
+                or inner.row_cache is None:
+            continue
+        hasher = NGramHash.from_buffers(module.layer_multipliers.tolist(), module.ngram_heads_vocab_sizes.tolist(),
+                                        module.ngram_heads_offsets.tolist(), heads_per_ngram=module.heads_per_ngram,
+                                        eos_token_id=module.eos_token_id, rows=inner.org_vocab_size)
+        layers.append((hasher, inner.row_cache))
+    return layers
+
+
+def build(model, *, chunk_tokens: int, settings: env.PleSettings) -> PromptHook | None:
+    """This process's hook for the loaded ``model`` (replacing an earlier one); None when the model
+    has no cached streamed PLE layer and this process built no row cache."""
+    global _hook
+    from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher
+
+    from .embedding import _ROW_CACHES
+
+    layers = prefetch_layers(model)
+    built = [c for c in _ROW_CACHES if c.usable]
+    if not layers:
+        if built:
+            raise PleSettingsError(
+                f"this worker built {len(built)} PLE row cache(s), but the model vLLM's runner loaded holds none of "
+                f"them, so prompt-ahead prefetch cannot reach them; report this with the model, or set "
+                f"{env.ROW_CACHE_MB}=0")
+        return None
+    hook = PromptHook(PromptPrefetcher(layers, chunk_tokens=int(chunk_tokens), window=settings.prefetch_chunks))
+    with _lock:
+        old, _hook = _hook, hook
+    if old is not None:
+        old.close()
+    log.info("PLE prompt-ahead prefetch: %d layer(s), chunks of %d tokens, %d chunk(s) ahead (%s)", len(layers),
+             chunk_tokens, settings.prefetch_chunks, env.PREFETCH_CHUNKS)
+    return hook
+
+
+def current() -> PromptHook | None:
+    return _hook
+
+
+# ----------------------------------------------------------------------------- installation
+
+
+def _ours(fn) -> bool:
+    return getattr(fn, _MARK, False)
+
+
+def _replace(cls, name: str, make, *, vllm_decorated: bool = False) -> None:
+    """``cls.name = make(original)``, once; refuses a method someone else already wrapped (vLLM's own
+    decorator is expected where ``vllm_decorated``)."""
+    current = vars(cls).get(name)
+    if _ours(current):
+        return
+    if not inspect.isfunction(current) or hasattr(current, "__wrapped__") != vllm_decorated:
+        raise RuntimeError(f"{cls.__module__}.{cls.__qualname__}.{name} is {current!r}, not vLLM's function; another "
+                           f"plugin wrapped it, refusing to stack prompt-ahead prefetch on top")
+    wrapper = make(current)
+    setattr(wrapper, _MARK, True)
+    setattr(cls, name, wrapper)
+    if vars(cls)[name] is not wrapper:
+        raise RuntimeError(f"{cls.__qualname__}.{name}: the prompt-ahead prefetch hook did not take effect")
+
+
+def install_v2(settings: env.PleSettings):
+    """Post-import callback for :data:`RUNNER_V2`: ``load_model`` builds the hook, ``update_requests`` feeds it."""
+    def callback(module) -> None:
+        cls = module.GPUModelRunner
+
+        def load_model(original):
+            @functools.wraps(original)
+            def wrapper(self, *args, **kwargs):
+                result = original(self, *args, **kwargs)
+                build(self.get_model(), chunk_tokens=self.max_num_tokens, settings=settings)
+                return result
+            return wrapper
+
+        def update_requests(original):
+            @functools.wraps(original)
+            def wrapper(self, scheduler_output):
+                original(self, scheduler_output)
+                hook = _hook
+                if hook is not None:
+                    hook.step(scheduler_output)
+            return wrapper
+
+        _replace(cls, "load_model", load_model)
+        _replace(cls, "update_requests", update_requests)
+    return callback
+
+
+def refuse_v1(settings: env.PleSettings):
+    """Post-import callback for :data:`RUNNER_V1`: constructing its runner with a row cache is refused."""
+    def callback(module) -> None:
+        def init(original):
+            @functools.wraps(original)
+            def wrapper(self, *args, **kwargs):
+                raise PleSettingsError(
+                    f"{env.ROW_CACHE_MB}={settings.row_cache_mb}: prompt-ahead prefetch runs in vLLM's V2 model runner, "
+                    f"but this worker builds the V1 runner ({RUNNER_V1}: VLLM_USE_V2_MODEL_RUNNER=0, or a feature the "
+                    f"V2 runner lacks); use the V2 runner, or set {env.ROW_CACHE_MB}=0")
+            return wrapper
+
+        _replace(module.GPUModelRunner, "__init__", init, vllm_decorated=True)  # JitWarmupRegistry.capture
+    return callback

@@ -10,7 +10,8 @@
  *   another id, whatever the hash does (the tests run with every id colliding).
  * - A slot being filled is FILLING: invisible to hits and never evicted; lookups that want it wait
  *   for it (no second read of the same row); it becomes VALID only after its bytes are written.
- * - Hits copy under the cache lock, so no eviction can overwrite a slot while it is copied out.
+ * - Hits copy under the cache lock (large lookups on several threads, all joined before it is
+ *   released), so no eviction can overwrite a slot while it is copied out.
  * - Fail-closed: after an I/O error or a short read the cache refuses every later call; a row of
  *   this rank is never returned as zeros.
  *
@@ -58,7 +59,7 @@ enum { RC_FREE = 0, RC_FILLING = 1, RC_VALID = 2 };
 enum {
     ST_CALLS, ST_LOOKUPS, ST_HITS, ST_WAITS, ST_MISS_LOOKUPS, ST_ROWS_READ, ST_PAGES_READ, ST_READS, ST_BYTES_READ,
     ST_INSERTS, ST_EVICTIONS, ST_BYPASS, ST_OUT_OF_RANK, ST_PREFETCH_CALLS, ST_PREFETCH_ROWS, ST_PREFETCH_HITS,
-    ST_PREFETCH_EVICTED_UNUSED, ST_GHOST_HITS, ST_N
+    ST_PREFETCH_EVICTED_UNUSED, ST_GHOST_HITS, ST_PARALLEL_PASSES, ST_N
 };
 
 typedef struct rc_cache {
@@ -439,15 +440,69 @@ static int stat_file(rc_cache_t *c) {
     return 0;
 }
 
-/* Under the lock: a valid slot serves position i. */
-static void serve(rc_cache_t *c, int32_t s, uint8_t *out, int64_t i, int nodata) {
-    if (!nodata) memcpy(out + i * c->row_bytes, c->rows + (int64_t)s * c->row_bytes, (size_t)c->row_bytes);
+/* Under the lock: the bookkeeping of a hit on valid slot s (its row already copied out). */
+static void count_hit(rc_cache_t *c, int32_t s) {
     if (c->state[s] & RC_PREFETCHED) {
         c->state[s] &= (uint8_t)~RC_PREFETCHED;
         c->stats[ST_PREFETCH_HITS]++;
     }
     policy_hit(c, s);
     c->stats[ST_HITS]++;
+}
+
+/* Under the lock: a valid slot serves position i. */
+static void serve(rc_cache_t *c, int32_t s, uint8_t *out, int64_t i, int nodata) {
+    if (!nodata) memcpy(out + i * c->row_bytes, c->rows + (int64_t)s * c->row_bytes, (size_t)c->row_bytes);
+    count_hit(c, s);
+}
+
+/* A prefill chunk's lookup (32,768 rows for 2,048 tokens) is mostly hits once warm: one thread
+ * probing the index and copying scattered rows took about a 1.9 ms H200 layer, so warm exposure
+ * swung between 9 and 34 % of the layer. Large first passes probe and copy on several threads while
+ * the caller holds the cache lock (nothing can change the index or evict a slot meanwhile; the
+ * threads only read metadata and write disjoint rows of `out`); the hits' policy updates and counters
+ * then run on the caller's thread in position order, so every decision is the serial pass's. */
+#define RC_PAR_MIN 8192 /* positions at which the first pass goes parallel */
+#define RC_PAR_PER 4096 /* positions per thread at least */
+#define RC_PAR_MAX 8
+#define RC_WAITING (-2)
+
+typedef struct {
+    const rc_cache_t *c;
+    const int64_t *ids, *pos;
+    uint8_t *out;
+    int32_t *slot; /* per position: the valid slot copied out, RC_NIL (miss) or RC_WAITING (being filled) */
+    int64_t a, b;
+} rc_scan_t;
+
+static void *scan_part(void *arg) {
+    const rc_scan_t *j = (const rc_scan_t *)arg;
+    const rc_cache_t *c = j->c;
+    const int64_t rb = c->row_bytes;
+    for (int64_t q = j->a; q < j->b; q++) {
+        const int64_t i = j->pos[q];
+        const int32_t s = find(c, local_key(c, j->ids[i]));
+        if (s != RC_NIL && st(c, s) == RC_VALID) memcpy(j->out + i * rb, c->rows + (int64_t)s * rb, (size_t)rb);
+        j->slot[q] = s == RC_NIL ? RC_NIL : st(c, s) == RC_VALID ? s : RC_WAITING;
+    }
+    return NULL;
+}
+
+/* Under the lock: the first pass over npos positions on `parts` threads (the caller's included). */
+static void scan_parallel(const rc_cache_t *c, const int64_t *ids, uint8_t *out, const int64_t *pos, int64_t npos,
+                          int32_t *slot, int64_t parts) {
+    rc_scan_t jobs[RC_PAR_MAX];
+    pthread_t threads[RC_PAR_MAX];
+    int started[RC_PAR_MAX];
+    const int64_t per = (npos + parts - 1) / parts;
+    int64_t k = 0;
+    for (int64_t a = 0; a < npos; a += per, k++) jobs[k] = (rc_scan_t){c, ids, pos, out, slot, a, a + per < npos ? a + per : npos};
+    for (int64_t t = 0; t + 1 < k; t++) started[t] = pthread_create(&threads[t], NULL, scan_part, &jobs[t]) == 0;
+    scan_part(&jobs[k - 1]);
+    for (int64_t t = 0; t + 1 < k; t++) {
+        if (started[t]) pthread_join(threads[t], NULL);
+        else scan_part(&jobs[t]);
+    }
 }
 
 /* One round over `pos` (positions into ids/out). Positions whose row was being filled by another
@@ -461,16 +516,30 @@ static int64_t round_(rc_cache_t *c, const int64_t *ids, uint8_t *out, int flags
     int64_t *ufirst = NULL, *uend = NULL, *uslot = NULL, *upage = NULL, *ulen = NULL, *uat = NULL;
     uint8_t *bounce = NULL;
 
+    int64_t parts = c->workers < RC_PAR_MAX ? c->workers : RC_PAR_MAX;
+    if (parts > npos / RC_PAR_PER) parts = npos / RC_PAR_PER;
+    int32_t *slot = !prefetch && !nodata && npos >= RC_PAR_MIN && parts > 1 ? malloc((size_t)npos * sizeof *slot) : NULL;
     pthread_mutex_lock(&c->lock);
-    for (int64_t q = 0; q < npos; q++) {
-        const int64_t i = pos[q];
-        const int32_t s = find(c, local_key(c, ids[i]));
-        if (s == RC_NIL) miss[nmiss++] = i;
-        else if (prefetch) continue; /* present or on its way: nothing to do */
-        else if (st(c, s) == RC_VALID) serve(c, s, out, i, nodata);
-        else wait[nwait++] = i;
+    if (slot) {
+        scan_parallel(c, ids, out, pos, npos, slot, parts);
+        c->stats[ST_PARALLEL_PASSES]++;
+        for (int64_t q = 0; q < npos; q++) {
+            if (slot[q] == RC_NIL) miss[nmiss++] = pos[q];
+            else if (slot[q] == RC_WAITING) wait[nwait++] = pos[q];
+            else count_hit(c, slot[q]);
+        }
+    } else { /* small lookups (decode), prefetches, simulation; or no memory for the parallel pass */
+        for (int64_t q = 0; q < npos; q++) {
+            const int64_t i = pos[q];
+            const int32_t s = find(c, local_key(c, ids[i]));
+            if (s == RC_NIL) miss[nmiss++] = i;
+            else if (prefetch) continue; /* present or on its way: nothing to do */
+            else if (st(c, s) == RC_VALID) serve(c, s, out, i, nodata);
+            else wait[nwait++] = i;
+        }
     }
     pthread_mutex_unlock(&c->lock);
+    free(slot);
 
     if (nmiss) {
         /* unique rows in file order; each row's positions are adjacent in `miss` */

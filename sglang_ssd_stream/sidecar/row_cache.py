@@ -68,7 +68,7 @@ _F_PREFETCH, _F_NODATA = 1, 2
 _FATAL, _OUT_OF_RANGE, _REFUSED = -1, -2, -3
 STAT_NAMES = ("calls", "lookups", "hits", "waits", "miss_lookups", "rows_read", "pages_read", "reads", "bytes_read",
               "inserts", "evictions", "bypass", "out_of_rank", "prefetch_calls", "prefetch_rows", "prefetch_hits",
-              "prefetch_evicted_unused", "ghost_hits")
+              "prefetch_evicted_unused", "ghost_hits", "parallel_passes")
 
 # The budget knob, in each engine's naming: MiB for all PLE layers of a process together (rows +
 # metadata + read buffers); 0 turns the cache off. Launch profiles set it (operate/profiles.py);
@@ -501,15 +501,17 @@ class CacheSimulator:
     ``tests/sidecar/test_row_cache.py`` proves its counters equal a real cache's on the same calls)."""
 
     def __init__(self, capacity: int, *, total_rows: int, row_bytes: int, policy: str = DEFAULT_POLICY,
-                 _s3=S3_DEFAULTS, seed: int = 0):
+                 _s3=S3_DEFAULTS, seed: int = 0, vocab_start: int = 0, vocab_end: int | None = None,
+                 _debug_hash: int = 0):
         self._lib = lib = load()
         self.capacity, self.policy, self.row_bytes = int(capacity), policy, int(row_bytes)
         err = ctypes.create_string_buffer(512)
         small, threshold, keep, ghost = _s3
-        self._c = lib.rc_create(None, self.capacity, self.row_bytes, POLICIES[policy], -1, 0, 0, 0, int(total_rows),
+        end = int(total_rows) if vocab_end is None else int(vocab_end)
+        self._c = lib.rc_create(None, self.capacity, self.row_bytes, POLICIES[policy], -1, 0, 0, int(vocab_start), end,
                                 int(total_rows), int(total_rows) * self.row_bytes, 1, DEFAULT_WAVE_PAGES,
-                                MAX_READ_PAGES, int(seed), 0, float(small), int(threshold), int(keep), float(ghost), 0,
-                                err, len(err))
+                                MAX_READ_PAGES, int(seed), int(_debug_hash), float(small), int(threshold), int(keep),
+                                float(ghost), 0, err, len(err))
         if not self._c:
             raise ValueError(_err(err))
         self._finalizer = weakref.finalize(self, _release_sim, lib, self._c)

@@ -385,6 +385,60 @@ def test_the_simulator_counts_exactly_what_a_real_cache_does(table, policy):
     assert a == b and a["evictions"] > 1000
 
 
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("debug_hash", [0, 1])
+def test_large_lookups_copy_on_several_threads_with_the_serial_decisions(table, policy, debug_hash):
+    """A prefill-sized lookup (>= 8,192 rows in this rank) probes and copies its hits on several
+    threads; every row stays right and every decision and counter equals the serial simulation's."""
+    rng = np.random.default_rng(7)
+    calls = [(k % 4 == 3, rng.integers(0, ROWS // 2, rng.integers(9000, 14000))) for k in range(16)]
+    real = cache_of(table, 3000, lo=500, hi=ROWS, policy=policy, _seed=2, _debug_hash=debug_hash)
+    sim = CacheSimulator(3000, total_rows=ROWS, row_bytes=RB, policy=policy, seed=2, vocab_start=500, vocab_end=ROWS,
+                         _debug_hash=debug_hash)
+    for prefetch, ids in calls:
+        if prefetch:
+            real.prefetch(ids)
+            sim.prefetch(ids)
+        else:
+            np.testing.assert_array_equal(read(real, ids), expect(ids, 500, ROWS))
+            sim.access(ids)
+    a, b = real.stats, sim.stats
+    real.close()
+    assert a.pop("parallel_passes") == sum(not p for p, _ in calls) and b.pop("parallel_passes") == 0
+    a.pop("bytes_read")
+    b.pop("bytes_read")
+    assert a == b and a["hits"] > 10_000
+
+
+def test_large_lookups_race_prefetches_and_evictions(table):
+    """Large (parallel) lookups beside small lookups and prefetches on a cache far smaller than the
+    ids: hits copied on helper threads while other calls wait for the lock, fills and evictions."""
+    errors = []
+
+    def worker(seed, kind):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(25):
+                n = rng.integers(8192, 12000) if kind == "large" else rng.integers(1, 300)
+                ids = rng.integers(0, 1500, n)
+                if kind == "prefetch":
+                    c.prefetch(ids)
+                elif not np.array_equal(read(c, ids), expect(ids, 100, 1200)):
+                    errors.append(f"thread {seed} ({kind}): wrong rows")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    with cache_of(table, 600, lo=100, hi=1200, workers=4) as c:
+        kinds = ["large", "large", "small", "prefetch", "prefetch"]
+        threads = [threading.Thread(target=worker, args=(s, k)) for s, k in enumerate(kinds)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:5]
+        assert c.occupancy()[1] == 0 and c.stats["parallel_passes"] > 0
+
+
 @pytest.mark.parametrize("budget", [1 << 20, 64 << 20, 1 << 30])
 def test_the_budget_is_a_hard_bound(budget):
     for policy in POLICIES:

@@ -23,6 +23,11 @@ kit's (:mod:`sglang_ssd_stream.findings`).
   is reported as a warning.
 - Fetch round: ``VLLM_PLE_FETCH_WORKERS x VLLM_PLE_ROWS_PER_TASK x`` row bytes sizes the ``pread``
   buffer of every table; above :data:`~.env.MAX_FETCH_ROUND_BYTES` it is refused naming the knob.
+- Row cache (streamed backends, ``VLLM_PLE_ROW_CACHE_MB``, per worker process): on CUDA its rows
+  are registered host memory, so the budget is checked against ``ulimit -l`` like a pinned table;
+  and the budget of every worker process on the host (TP x PP x local DP ranks, from the serve
+  flags when given) against ``MemAvailable``: refused at or above it, a warning above half of it
+  (on a Jetson, host memory is also the KV cache's).
 - Graph mode (``serve`` and ``doctor -- <vllm flags>``): streamed backends outside
   :data:`~.env.FULL_GRAPH_BACKENDS` (``pread``) refuse FULL CUDA graphs (:func:`full_graph_refusal`,
   the rule the embedding applies at model build); the mode is read from the launch flags with vLLM's
@@ -36,12 +41,13 @@ kit's (:mod:`sglang_ssd_stream.findings`).
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -90,6 +96,8 @@ class Facts:
     sidecar_error: str | None = None  # the sidecar's manifest or a table did not load
     cpu: object = None  # operate.host.CpuBudget: affinity and cgroup quota (sizes the fetch pool)
     tegra: object = None  # operate.host.TegraRelease on a Jetson, else None
+    mem_available_bytes: int | None = None  # /proc/meminfo MemAvailable; None: unknown
+    worker_processes: int = 1  # vLLM worker processes on this host (TP x PP x local DP of the serve flags)
 
     @property
     def expandable_segments(self) -> bool:
@@ -161,6 +169,17 @@ def _sidecar_facts(settings: env.PleSettings | None) -> dict:
         return {"sidecar_error": exc.message}
 
 
+def _mem_available(path: str = "/proc/meminfo") -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _platform() -> tuple[bool, str]:
     from vllm.platforms import current_platform
 
@@ -185,6 +204,7 @@ def gather_facts(settings: env.PleSettings | None, environ: Mapping[str, str] | 
         alloc_conf={k: environ[k] for k in ALLOC_CONF_VARS if k in environ},
         cpu=cpu_budget(),
         tegra=tegra_release(),
+        mem_available_bytes=_mem_available(),
         **_sidecar_facts(settings),
     )
 
@@ -249,8 +269,45 @@ def check_fetch_round(settings: env.PleSettings, facts: Facts) -> Finding | None
                    fix + f" (defaults {env.DEFAULT_FETCH_WORKERS} x {env.DEFAULT_ROWS_PER_TASK:,})")
 
 
+def check_row_cache(settings: env.PleSettings, facts: Facts) -> list[Finding]:
+    """The row cache budget (per worker process) against memlock (its rows are registered on CUDA) and
+    against MemAvailable for every worker process on the host."""
+    from sglang_ssd_stream.staging.host_memory import fmt_bytes
+
+    if not settings.streaming:
+        return []
+    budget = settings.row_cache_bytes
+    if not budget:
+        return [Finding(OK, "row_cache", f"{env.ROW_CACHE_MB}=0: no row cache and no prompt-ahead prefetch; rows come "
+                        f"from the {settings.backend} reader")]
+    what = f"{env.ROW_CACHE_MB}={settings.row_cache_mb} per worker process"
+    out = [Finding(OK, "row_cache", f"{what} ({fmt_bytes(budget)}, split over the PLE layers; rows, metadata and "
+                   f"read buffers), prompt-ahead prefetch {settings.prefetch_chunks} chunk(s) ahead")]
+    if facts.uva:  # registered host memory (plus the staging, known when the model loads)
+        out.append(check_memlock(facts, budget, f"the PLE row cache ({what})"))
+    procs = max(1, int(facts.worker_processes))
+    total = budget * procs
+    spread = f"{fmt_bytes(total)} for {procs} worker process(es)" if procs > 1 else fmt_bytes(total)
+    avail = facts.mem_available_bytes
+    fix = f"lower {env.ROW_CACHE_MB} (0 turns the cache off), or free host memory"
+    if avail is None:
+        out.append(Finding(WARNING, "row_cache_memory", f"MemAvailable is unknown here; the row caches take {spread}",
+                           fix))
+    elif total >= avail:
+        out.append(Finding(ERROR, "row_cache_memory", f"the row caches take {spread}, but MemAvailable is only "
+                           f"{fmt_bytes(avail)}: the host would reclaim or kill processes (on a Jetson, host memory "
+                           f"is also the KV cache's)", fix))
+    elif total * 2 > avail:
+        out.append(Finding(WARNING, "row_cache_memory", f"the row caches take {spread}, more than half of "
+                           f"MemAvailable {fmt_bytes(avail)}", fix))
+    else:
+        out.append(Finding(OK, "row_cache_memory", f"the row caches take {spread} of MemAvailable {fmt_bytes(avail)}"))
+    return out
+
+
 def run_checks(settings: env.PleSettings, facts: Facts, *, need_bytes: int | None = None) -> list[Finding]:
     findings: list[Finding] = check_sidecar(settings, facts)
+    findings += check_row_cache(settings, facts)
     fetch = check_fetch_round(settings, facts)
     if fetch is not None:
         findings.append(fetch)
@@ -397,6 +454,48 @@ def _ple_env_hidden():
         os.environ.update(hidden)
 
 
+@functools.lru_cache(maxsize=4)
+def _engine_args(flags: tuple[str, ...]):
+    """vLLM's ``EngineArgs`` for the flags of a ``vllm serve`` line, parsed by vLLM's own parser (once per line).
+
+    Raises:
+        PleSettingsError: vLLM's parser refuses the flags.
+        EnvironmentProblem: vLLM cannot build its parser on this host.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    class _Parser(FlexibleArgumentParser):
+        def error(self, message):
+            raise PleSettingsError(f"vLLM's parser refuses the serve flags: {message}")
+
+    try:
+        with _ple_env_hidden():
+            args = make_arg_parser(_Parser(prog="vllm serve")).parse_args(list(flags))
+            return EngineArgs.from_cli_args(args)
+    except PleSettingsError:
+        raise
+    except SystemExit as exc:  # --help, --version and the like
+        raise PleSettingsError(f"vLLM's parser exited on the serve flags {list(flags)} (code {exc.code})") from None
+    except (TypeError, ValueError) as exc:
+        raise PleSettingsError(f"vLLM's parser refuses the serve flags: {exc}") from None
+    except RuntimeError as exc:  # e.g. no device platform on this host: vLLM cannot build its parser here
+        raise EnvironmentProblem(f"vLLM cannot read the serve flags on this host ({exc})") from None
+
+
+def worker_processes(argv: Sequence[str]) -> int:
+    """vLLM worker processes this ``vllm serve`` line starts on this host: TP x PP x local DP ranks
+    (each builds its own PLE row caches). 1 when the flags cannot be read here (the graph-mode check
+    reports that)."""
+    try:
+        engine = _engine_args(tuple(_serve_flags(argv)))
+    except KitError:
+        return 1
+    local_dp = engine.data_parallel_size_local or engine.data_parallel_size or 1
+    return max(1, int(engine.tensor_parallel_size or 1) * int(engine.pipeline_parallel_size or 1) * int(local_dp))
+
+
 def requested_cudagraph_mode(argv: Sequence[str]):
     """(``CUDAGraphMode``, where it comes from) for a ``vllm serve`` line, read with vLLM's own parser.
 
@@ -409,27 +508,8 @@ def requested_cudagraph_mode(argv: Sequence[str]):
         PleSettingsError: vLLM's parser refuses the flags.
     """
     from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG, OptimizationLevel
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.entrypoints.common.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    class _Parser(FlexibleArgumentParser):
-        def error(self, message):
-            raise PleSettingsError(f"vLLM's parser refuses the serve flags: {message}")
-
-    flags = _serve_flags(argv)
-    try:
-        with _ple_env_hidden():
-            args = make_arg_parser(_Parser(prog="vllm serve")).parse_args(flags)
-            engine = EngineArgs.from_cli_args(args)
-    except PleSettingsError:
-        raise
-    except SystemExit as exc:  # --help, --version and the like
-        raise PleSettingsError(f"vLLM's parser exited on the serve flags {flags} (code {exc.code})") from None
-    except (TypeError, ValueError) as exc:
-        raise PleSettingsError(f"vLLM's parser refuses the serve flags: {exc}") from None
-    except RuntimeError as exc:  # e.g. no device platform on this host: vLLM cannot build its parser here
-        raise EnvironmentProblem(f"vLLM cannot read the serve flags on this host ({exc})") from None
+    engine = _engine_args(tuple(_serve_flags(argv)))
     if engine.enforce_eager:
         from vllm.config.compilation import CUDAGraphMode
 
@@ -523,6 +603,8 @@ def diagnose(environ: Mapping[str, str], *, argv: Sequence[str] | None = None, n
     if error is not None:
         return Diagnosis(None, error, None, findings)
     facts = gather_facts(settings, environ)
+    if settings is not None and settings.row_cache_bytes and argv is not None:
+        facts = replace(facts, worker_processes=worker_processes(argv))
     if settings is None:
         findings.append(Finding(OK, "ple_offload", f"no {env.PREFIX}* variable: the plugin is off and vLLM keeps "
                                 f"its own PLE path (set {env.CPU_OFFLOAD}=1 to offload the table)"))

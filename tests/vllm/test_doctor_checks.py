@@ -320,3 +320,47 @@ def test_l4t_release_on_a_jetson():
     assert by_check(preflight.run_checks(PINNED, facts(tegra=ran)), "l4t")[0].level == OK
     assert by_check(preflight.run_checks(PINNED, facts(tegra=old)), "l4t")[0].level == ERROR
     assert by_check(preflight.run_checks(PINNED, facts()), "l4t") == []  # not a Jetson: nothing to say
+
+
+# ----------------------------------------------------------------------------- row cache
+
+
+def test_row_cache_off_is_said(tmp_path):
+    [f] = by_check(preflight.run_checks(streaming(tmp_path, VLLM_PLE_ROW_CACHE_MB="0"), facts()), "row_cache")
+    assert f.level == OK and "VLLM_PLE_ROW_CACHE_MB=0: no row cache and no prompt-ahead prefetch" in f.message
+    assert not by_check(preflight.run_checks(PINNED, facts()), "row_cache")  # the pinned table needs none
+
+
+def test_row_cache_budget_is_checked_against_memlock(tmp_path):
+    s = streaming(tmp_path)  # the default: 1024 MiB
+    memlock = [f for f in preflight.run_checks(s, facts(memlock_bytes=64 << 20)) if f.check == "memlock"]
+    assert [f.level for f in memlock] == [ERROR]
+    assert "64.0 MiB" in memlock[0].message and "the PLE row cache (VLLM_PLE_ROW_CACHE_MB=1024 per worker process) " \
+        "needs 1.00 GiB pinned" in memlock[0].message and "--ulimit memlock=-1" in memlock[0].fix
+    ok = [f for f in preflight.run_checks(s, facts(memlock_bytes=2 * GIB)) if f.check == "memlock"]
+    assert [f.level for f in ok] == [OK]
+    # no UVA (a CPU platform): the rows are plain memory, nothing is locked
+    assert not [f for f in preflight.run_checks(s, facts(uva=False, memlock_bytes=1 << 20)) if f.check == "memlock"]
+
+
+@pytest.mark.parametrize("avail_gib,procs,level,text", [
+    (24, 1, OK, "the row caches take 1.00 GiB of MemAvailable 24.00 GiB"),
+    (24, 16, WARNING, "the row caches take 16.00 GiB for 16 worker process(es), more than half of MemAvailable"),
+    (24, 24, ERROR, "the row caches take 24.00 GiB for 24 worker process(es), but MemAvailable is only 24.00 GiB"),
+    (0.5, 1, ERROR, "but MemAvailable is only 512.0 MiB"),
+    (None, 1, WARNING, "MemAvailable is unknown here"),
+])
+def test_row_cache_budget_against_mem_available(tmp_path, avail_gib, procs, level, text):
+    f = facts(mem_available_bytes=None if avail_gib is None else int(avail_gib * GIB), worker_processes=procs)
+    [mem] = by_check(preflight.run_checks(streaming(tmp_path), f), "row_cache_memory")
+    assert mem.level == level and text in mem.message
+    if level != OK:
+        assert "lower VLLM_PLE_ROW_CACHE_MB (0 turns the cache off)" in mem.fix
+
+
+def test_mem_available_is_read_from_meminfo(tmp_path):
+    p = tmp_path / "meminfo"
+    p.write_text("MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   12345678 kB\n")
+    assert preflight._mem_available(str(p)) == 12345678 * 1024
+    p.write_text("MemTotal: 1 kB\n")
+    assert preflight._mem_available(str(p)) is None and preflight._mem_available(str(tmp_path / "none")) is None

@@ -44,6 +44,15 @@ def test_requested_cudagraph_mode_with_vllms_parser(flags, mode, source):
     assert (got.name, where) == (mode, source)
 
 
+@pytest.mark.parametrize("flags,procs", [
+    ([], 1), (["--tensor-parallel-size", "4"], 4), (["-tp", "2", "-pp", "2"], 4),
+    (["--tensor-parallel-size", "2", "--data-parallel-size", "2"], 4), (["--no-such-flag"], 1),
+])
+def test_worker_processes_from_vllms_parser(flags, procs):
+    """Each worker process builds its own row caches: the doctor multiplies the budget by their number."""
+    assert doctor.worker_processes(flags) == procs
+
+
 def test_unparseable_serve_flags_are_a_finding(tmp_path):
     s = env.read_settings(streaming(tmp_path))
     f = doctor.check_cudagraph_mode(s, ["--no-such-flag"])

@@ -119,6 +119,7 @@ def build(model, *, chunk_tokens: int, settings: env.PleSettings) -> PromptHook 
     has no cached streamed PLE layer and this process built no row cache."""
     global _hook
     from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher
+    from sglang_ssd_stream.staging.host_memory import fmt_bytes
 
     from .embedding import _ROW_CACHES
 
@@ -136,8 +137,9 @@ def build(model, *, chunk_tokens: int, settings: env.PleSettings) -> PromptHook 
         old, _hook = _hook, hook
     if old is not None:
         old.close()
-    log.info("PLE prompt-ahead prefetch: %d layer(s), chunks of %d tokens, %d chunk(s) ahead (%s)", len(layers),
-             chunk_tokens, settings.prefetch_chunks, env.PREFETCH_CHUNKS)
+    log.info("PLE prompt-ahead prefetch: %d layer(s), chunks of %d tokens (vLLM's max_num_batched_tokens), %d chunk(s) "
+             "ahead (%s); into row caches of %s in all", len(layers), chunk_tokens, settings.prefetch_chunks,
+             env.PREFETCH_CHUNKS, fmt_bytes(sum(cache.working_set_bytes for _, cache in layers)))
     return hook
 
 

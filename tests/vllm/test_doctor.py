@@ -114,6 +114,24 @@ def test_every_refusal_at_once(vllm, sidecar):
     assert "vLLM's default at -O2" in finding(doc, "cudagraph_mode")["message"]
 
 
+def test_the_row_cache_is_accounted_per_worker_process(vllm, sidecar):
+    """The default budget, and with a TP=2 line twice it against MemAvailable; a budget beyond the host is refused."""
+    r = doctor(vllm, "--backend", "mmap", "--sidecar", str(sidecar), "--json", "--", "--enforce-eager",
+               "--tensor-parallel-size", "2", VLLM_PLE_ALLOW_UNPATCHED="1")
+    assert r.returncode == 0, (r.stdout, r.stderr[-2000:])
+    doc = json.loads(r.stdout)
+    assert doc["facts"]["worker_processes"] == 2 and doc["facts"]["mem_available_bytes"] > 0
+    assert finding(doc, "row_cache")["message"].startswith("VLLM_PLE_ROW_CACHE_MB=1024 per worker process (1.00 GiB")
+    assert "the row caches take 2.00 GiB for 2 worker process(es)" in finding(doc, "row_cache_memory")["message"]
+    r = doctor(vllm, "--backend", "mmap", "--sidecar", str(sidecar), "--", "--enforce-eager",
+               VLLM_PLE_ALLOW_UNPATCHED="1", VLLM_PLE_ROW_CACHE_MB="1048576")
+    assert r.returncode == 2 and "[error] row_cache_memory: the row caches take 1024.00 GiB, but MemAvailable is " \
+        "only" in r.stdout, r.stdout
+    r = doctor(vllm, "--backend", "mmap", "--sidecar", str(sidecar), "--", "--enforce-eager",
+               VLLM_PLE_ALLOW_UNPATCHED="1", VLLM_PLE_ROW_CACHE_MB="0")
+    assert r.returncode == 0 and "[ok] row_cache: VLLM_PLE_ROW_CACHE_MB=0: no row cache" in r.stdout, r.stdout
+
+
 def test_no_verify_is_reported_not_hidden(vllm, sidecar):
     r = doctor(vllm, "--backend", "mmap", "--sidecar", str(sidecar), "--", "-cc.cudagraph_mode=PIECEWISE",
                VLLM_PLE_ALLOW_UNPATCHED="1", VLLM_PLE_NO_VERIFY="1")

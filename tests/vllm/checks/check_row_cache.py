@@ -350,3 +350,35 @@ def test_a_worker_whose_model_lacks_its_caches_is_refused(hooked):
     with pytest.raises(PleSettingsError, match=r"built 1 PLE row cache\(s\), but the model vLLM's runner loaded "
                                                r"holds none of them"):
         prompt_prefetch.build(torch.nn.Linear(2, 2), chunk_tokens=8, settings=hooked.emb.settings)
+
+
+def test_the_wrapped_load_model_builds_the_hook_from_the_loaded_model(tmp_path, monkeypatch, runners):
+    """The plugin's wrapper, installed on a class shaped like vLLM's runner (whose real ``load_model`` needs a
+    GPU): after the original loads the model, the hook is built from it with the runner's token budget."""
+    from vllm_ple_offload import prompt_prefetch
+
+    cfg = harness.text_config()
+    _, _, manifest = sidecar(tmp_path, cfg)
+    harness.load_plugins(monkeypatch, settings("mmap", manifest, "64", VLLM_PLE_PREFETCH_CHUNKS="5"))
+    model = harness.build(cfg)
+
+    class GPUModelRunner:
+        max_num_tokens = 24
+
+        def load_model(self, load_dummy_weights=False, *args, model=None, **kwargs):
+            self.model = model
+
+        def get_model(self):
+            return self.model
+
+        def update_requests(self, scheduler_output):
+            pass
+
+    prompt_prefetch.install_v2(model.ngram_embedding.settings)(types.SimpleNamespace(GPUModelRunner=GPUModelRunner))
+    assert prompt_prefetch.current() is None
+    GPUModelRunner().load_model(model=torch.nn.ModuleList([model]))
+    hook = prompt_prefetch.current()
+    assert hook is not None and (hook.prefetcher.chunk_tokens, hook.prefetcher.window) == (24, 5)
+    assert [c for _, c in hook.prefetcher.layers] == [model.ngram_embedding.row_cache]
+    GPUModelRunner().load_model(model=torch.nn.ModuleList([model]))  # a reload replaces (and closes) the old one
+    assert prompt_prefetch.current() is not hook and hook.prefetcher._closed

@@ -47,6 +47,9 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     assert none["prefetch_hits"] == 0 and w1["prefetch_hits"] > 0  # the prefetcher's rows served the lookups
     assert none["rows_read"] == w0["rows_read"] == w1["rows_read"]  # the same prompt: each row read once
     assert res["warm_prefill"]["rows_read_during_warm"] == 0  # warm: every lookup a hit
+    one = res["warm_prefill_one_copy_thread"]
+    assert one["workers"] == 1 and one["rows_read_during_warm"] == 0 and one["parallel_passes"] == 0
+    assert one["host_read_ms"] > 0 and one["lookup_alone_ms"] > 0
     mem = res["memory"]
     assert mem["within_limit"] and mem["table_page_cache_bytes"] == 0  # O_DIRECT misses: no page cache
     assert mem["cache_working_set_bytes"] <= mem["budget_bytes"]

@@ -457,8 +457,8 @@ static void serve(rc_cache_t *c, int32_t s, uint8_t *out, int64_t i, int nodata)
 }
 
 /* A prefill chunk's lookup (32,768 rows for 2,048 tokens) is mostly hits once warm: one thread
- * probing the index and copying scattered rows took about a 1.9 ms H200 layer, so warm exposure
- * swung between 9 and 34 % of the layer. Large first passes probe and copy on several threads while
+ * probing the index and copying the scattered rows took 1.05-1.34 ms on the H200 box, 8 threads
+ * 0.63-0.92 ms (benchmarks/row_cache/h200/warm_*.json). Large first passes probe and copy on several threads while
  * the caller holds the cache lock (nothing can change the index or evict a slot meanwhile; the
  * threads only read metadata and write disjoint rows of `out`); the hits' policy updates and counters
  * then run on the caller's thread in position order, so every decision is the serial pass's. */

@@ -12,11 +12,11 @@ keys, NaN and nesting beyond Python's stack are refused, not crashed on).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from pathlib import Path
 
+from .. import strict_json
 from ..errors import BadKitData
 
 O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -138,24 +138,11 @@ def read_kit_file(path: Path, what: str, limit: int = MAX_KIT_DOC_BYTES) -> byte
         raise BadKitData(f"{what} {path} is unreadable: {errno_text(exc)}") from None
 
 
-def _no_duplicates(pairs):
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name):
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_json(raw: bytes, what: str, error=BadKitData):
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity; deep nesting is an error, not a crash."""
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except RecursionError:
+        return strict_json.loads(raw)
+    except strict_json.NestedTooDeeply:
         raise error(f"{what} is nested too deeply to be a document of ours") from None
-    except (UnicodeDecodeError, ValueError) as exc:
+    except ValueError as exc:
         raise error(f"{what} is not valid JSON: {exc}") from None

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
+from .. import strict_json
 from . import _safetensors
 from .errors import (
     SidecarManifestError,
@@ -133,19 +134,6 @@ def _int_field(manifest: Path, what: str, value: object, lo: int, hi: int) -> in
     if not lo <= value <= hi:
         raise _bad(manifest, what, value, f"an integer in [{lo}, {hi}]")
     return value
-
-
-def _reject_duplicates(pairs):
-    seen = {}
-    for k, v in pairs:
-        if k in seen:
-            raise ValueError(f"duplicate key {k!r}")
-        seen[k] = v
-    return seen
-
-
-def _reject_constant(name):
-    raise ValueError(f"non-finite number {name}")
 
 
 def hf_blobs_root(root: Path) -> Path | None:
@@ -271,11 +259,11 @@ def load_manifest(
     if len(raw) > MAX_MANIFEST_BYTES:
         raise _bad(p, "manifest size", f">{MAX_MANIFEST_BYTES} bytes", f"at most {MAX_MANIFEST_BYTES} bytes")
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SidecarManifestError(f"{p}: not valid JSON ({exc})", path=str(p)) from exc
-    except RecursionError:
+        doc = strict_json.loads(raw)
+    except strict_json.NestedTooDeeply:
         raise SidecarManifestError(f"{p}: not a sidecar manifest (JSON nested too deeply)", path=str(p)) from None
+    except ValueError as exc:
+        raise SidecarManifestError(f"{p}: not valid JSON ({exc})", path=str(p)) from exc
 
     if not isinstance(doc, dict):
         raise _bad(p, "top level", type(doc).__name__, "a JSON object")

@@ -167,14 +167,18 @@ def test_real_install_then_verified_noop_rerun(tmp_path):
 
     assert run(["--check", "--prefix", str(prefix), "--bin-dir", str(bindir)]).returncode == 0
 
-    # The installed kit carries the native host-node source (package data) and compiles it.
+    # The installed kit carries both native sources (package data: staging/native_read.c, sidecar/row_cache.c)
+    # and compiles them.
     home = tmp_path / "kit-home"
     built = subprocess.run([str(venv / "bin" / "python"), "-c",
-                            "from sglang_ssd_stream.staging import native_read as n; n.load(); print(n.library_path())"],
+                            "from sglang_ssd_stream.staging import native_read as n; n.load(); print(n.library_path())\n"
+                            "from sglang_ssd_stream.sidecar import row_cache as r, native\n"
+                            "r.load(); print(native.library_path(r.SOURCE, r.LIB_NAME))"],
                            env={**os.environ, "SGLANG_SSD_STREAM_HOME": str(home)}, cwd=tmp_path,
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
-    assert Path(built.stdout.strip()).is_file() and Path(built.stdout.strip()).is_relative_to(home)
+    libs = built.stdout.split()
+    assert len(libs) == 2 and all(Path(x).is_file() and Path(x).is_relative_to(home) for x in libs), built.stdout
 
     # A tampered engine file: --check fails, install refuses and changes nothing.
     site = next((venv / "lib").glob("python3.*/site-packages"))

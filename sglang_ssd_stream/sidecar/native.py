@@ -1,14 +1,12 @@
-"""Compile and load a C source shipped in this package, once per machine (the row cache's ``row_cache.c``).
+"""Compile a C source shipped in this package, once per machine: the one build rule of the kit's native code
+(the row cache's ``sidecar/row_cache.c``, the captured read's ``staging/native_read.c``).
 
-The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang`` on PATH, the
-order ``staging/native_read.py`` uses) into ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed by the
+The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang`` on PATH; not
+Python's build-time ``CC``: a relocatable Python reports the compiler of the machine it was built on) into ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed by the
 source, the compiler and its version, the flags, the machine and its C library: a cache shared
 between hosts never hands one of them a library built for another. It is compiled under a file lock
 into a temporary name and renamed, so concurrent workers and a crash leave either no library or a
 whole one.
-
-(``staging/native_read.py`` carries its own copy of this logic for ``native_read.c``; it could call
-:func:`build_library` instead.)
 
 Imports neither torch nor an engine.
 """
@@ -62,17 +60,23 @@ def library_path(source: Path, name: str) -> Path:
     return data_dir() / "native" / key.hexdigest()[:16] / name
 
 
-def build_library(source: Path, name: str, *, hint: str = "") -> Path:
-    """Compile ``source`` into ``name`` unless this machine has it already; returns its path."""
+def build_library(source: Path, name: str, *, hint: str = "", what: str | None = None) -> Path:
+    """Compile ``source`` into ``name`` unless this machine has it already; returns its path.
+
+    ``what`` names the library in errors (default ``name``); ``hint`` (the way out) ends each of them."""
     from filelock import FileLock
 
-    path = library_path(source, name)
+    what = what or name
+    try:
+        path = library_path(source, name)
+    except NativeBuildError as exc:  # no compiler
+        raise NativeBuildError(f"{exc}{hint}") from None
     if path.is_file():
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise NativeBuildError(f"cannot create {path.parent} for {name}: {exc.strerror or exc} "
+        raise NativeBuildError(f"cannot create {path.parent} for {what}: {exc.strerror or exc} "
                                f"(set SGLANG_SSD_STREAM_HOME to a writable directory)") from exc
     with FileLock(str(path.parent / ".lock")):
         if path.is_file():
@@ -86,7 +90,7 @@ def build_library(source: Path, name: str, *, hint: str = "") -> Path:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise NativeBuildError(f"cannot run the C compiler ({shlex.join(cmd)}): {exc}{hint}") from exc
             if proc.returncode != 0:
-                raise NativeBuildError(f"compiling {name} failed ({shlex.join(cmd)}):\n{proc.stderr.strip()}{hint}")
+                raise NativeBuildError(f"compiling {what} failed ({shlex.join(cmd)}):\n{proc.stderr.strip()}{hint}")
             os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of a shared cache must load it too
             os.replace(tmp, path)
         finally:

@@ -13,11 +13,10 @@ of the process (:func:`keep_for_graphs`): the struct, the arrays and the mapping
 its own duplicate of the table's descriptor stay valid however the reader or the gather is closed
 or dropped. Closing only sets a flag, and a replay after that ends the process with a message.
 
-Build: once per machine with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang`` on PATH;
-Triton compiles its launchers the same way) into ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed
-by the source, the compiler and its version, the flags, the machine and its C library; compiled
-under a file lock into a temporary name and renamed, so concurrent workers and a crash leave
-either no library or a whole one. Loading refuses a library whose struct layout differs from ours.
+Build: once per machine by the kit's one build rule (:func:`..sidecar.native.build_library`: the system C
+compiler, as Triton compiles its launchers; a cache key of source, compiler, flags, machine and C
+library; a file lock and an atomic rename). Loading refuses a library whose struct layout differs
+from ours.
 
 Imports neither torch nor an engine.
 """
@@ -25,39 +24,26 @@ Imports neither torch nor an engine.
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
 import threading
 import weakref
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import EnvironmentProblem
-from ..paths import data_dir
+from ..sidecar import native
 from ..sidecar.mapped import DEFAULT_INLINE_ROWS, SLOW_ROW_S, MappedReader
+from ..sidecar.native import C_COMPILERS, CFLAGS, NativeBuildError, compiler  # noqa: F401 - this module's API
 from ..sidecar.reader import SidecarReader
 
 SOURCE = Path(__file__).with_name("native_read.c")
 LIB_NAME = "libssd_native_read.so"
 ABI = 1  # SSD_ABI in native_read.c
 EXIT_CODE = 70  # SSD_EXIT_CODE in native_read.c (EX_SOFTWARE)
-CFLAGS = ("-O2", "-std=c11", "-fPIC", "-shared", "-pthread")
-C_COMPILERS = ("cc", "gcc", "clang")  # tried in this order without $CC (the doctor checks the same)
 IO_CODES = {"mmap": 0, "pread": 1}  # SSD_IO_* in native_read.c
 # A page-cache pread costs ~1 us of syscall per row, a disk read tens of us: slower than this per row
 # is the disk (the mapped reader's memcpy uses SLOW_ROW_S).
 SLOW_PREAD_ROW_S = 10e-6
-
-
-class NativeBuildError(EnvironmentProblem):
-    """The native host-node library cannot be compiled or loaded on this machine."""
 
 
 class _Read(ctypes.Structure):
@@ -74,72 +60,19 @@ class _Read(ctypes.Structure):
     ]
 
 
-def compiler() -> list[str]:
-    """``$CC``, else the first of :data:`C_COMPILERS` on PATH. Not Python's build-time ``CC``: a
-    relocatable Python reports the compiler of the machine it was built on."""
-    if os.environ.get("CC"):
-        return shlex.split(os.environ["CC"])
-    for name in C_COMPILERS:
-        if shutil.which(name):
-            return [name]
-    raise NativeBuildError(_hint(f"no C compiler on PATH ({', '.join(C_COMPILERS)}) and CC is not set"))
-
-
-@functools.lru_cache(maxsize=8)
-def _compiler_identity(cc: tuple[str, ...]) -> str:
-    try:
-        out = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"  # build() then reports why the compiler cannot run
-    return out.splitlines()[0] if out else "unknown"
+HINT = ("\nInstall a C compiler (Triton needs one too) or set CC; or serve without CUDA graphs "
+        "(--disable-cuda-graph): only reads captured into a graph need this library.")
 
 
 def library_path() -> Path:
-    """Keyed by the source, the compiler (command and version), the flags, the machine and its C
-    library: a cache shared between hosts never hands one of them a library built for another."""
-    cc = tuple(compiler())
-    parts = [*cc, _compiler_identity(cc), *CFLAGS, platform.machine(), *platform.libc_ver()]
-    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join(parts).encode())
-    return data_dir() / "native" / key.hexdigest()[:16] / LIB_NAME
+    """Where this machine's build lives (:func:`..sidecar.native.library_path`: keyed by the source, the
+    compiler and its version, the flags, the machine and its C library)."""
+    return native.library_path(SOURCE, LIB_NAME)
 
 
 def build() -> Path:
     """Compile the library unless this machine has it already; returns its path."""
-    from filelock import FileLock
-
-    path = library_path()
-    if path.is_file():
-        return path
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise NativeBuildError(f"cannot create {path.parent} for the native host-node library: {exc.strerror or exc} "
-                               f"(set SGLANG_SSD_STREAM_HOME to a writable directory)") from exc
-    with FileLock(str(path.parent / ".lock")):
-        if path.is_file():
-            return path  # another worker built it while we waited
-        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=path.parent)
-        os.close(fd)
-        cmd = [*compiler(), *CFLAGS, "-o", tmp, str(SOURCE)]
-        try:
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise NativeBuildError(_hint(f"cannot run the C compiler ({shlex.join(cmd)}): {exc}")) from exc
-            if proc.returncode != 0:
-                raise NativeBuildError(_hint(f"compiling the native host-node library failed ({shlex.join(cmd)}):\n"
-                                             f"{proc.stderr.strip()}"))
-            os.chmod(tmp, 0o755)  # mkstemp made it 0600: other users of a shared cache must load it too
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):  # failed or interrupted: no half-built file stays behind
-                os.unlink(tmp)
-    return path
-
-
-def _hint(msg: str) -> str:
-    return (f"{msg}\nInstall a C compiler (Triton needs one too) or set CC; or serve without CUDA graphs "
-            f"(--disable-cuda-graph): only reads captured into a graph need this library.")
+    return native.build_library(SOURCE, LIB_NAME, hint=HINT, what="the native host-node library")
 
 
 _lib: ctypes.CDLL | None = None

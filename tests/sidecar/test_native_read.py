@@ -18,7 +18,7 @@ import pytest
 from conftest import BF16_LAYER, FP8_LAYER
 from sglang_ssd_stream.staging import native_read
 from sglang_ssd_stream.staging.native_read import NativeBuildError, NativeRead
-from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, open_reader
+from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, native, open_reader
 from test_build_and_read import _ids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,8 +275,8 @@ def test_an_interrupted_build_leaves_no_file(fresh, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(native_read.subprocess, "run", interrupted)
-    monkeypatch.setattr(native_read, "_compiler_identity", lambda cc: "cc 1.0")
+    monkeypatch.setattr(native.subprocess, "run", interrupted)  # the kit's one build rule (sidecar/native.py)
+    monkeypatch.setattr(native, "_compiler_identity", lambda cc: "cc 1.0")
     with pytest.raises(KeyboardInterrupt):
         native_read.build()
     assert [p.name for p in native_read.library_path().parent.iterdir()] == [".lock"]

@@ -147,6 +147,7 @@ class Plan:
     mamba: dict = field(default_factory=dict)
     sharing: dict = field(default_factory=dict)
     memory: dict | None = None
+    ple_row_cache: dict | None = None  # host memory of the PLE row cache (row_cache_budget), outside the device fit
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -272,6 +273,30 @@ def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: 
     )
 
 
+def row_cache_budget(knob: tuple[str, int] | None, profile_env, env, override_mb: int | None = None) -> dict | None:
+    """The PLE row cache a launch gets: ``override_mb`` (plan's option), else the profile's value (a launch
+    sets it over the inherited one), else the inherited variable, else the engine's default. None: the
+    engine has no row cache. Registered host memory, apart from the per-layer staging the engine logs."""
+    if knob is None:
+        return None
+    from ..sidecar.row_cache import parse_budget_mb
+
+    var, default = knob
+    if override_mb is not None:
+        raw, source = str(override_mb), "this plan's --row-cache-mb"
+    elif var in profile_env:
+        raw, source = profile_env[var], "the profile's"
+    elif var in env:
+        raw, source = env[var], "the environment's"
+    else:
+        raw, source = None, "the default"
+    try:
+        mb = parse_budget_mb(var, raw, default)
+    except ValueError as exc:
+        raise PlanRefused(str(exc)) from None
+    return {"variable": var, "mib": mb, "gib": mb / 1024, "source": source}
+
+
 def sessions_of(plan: Plan, tokens: int) -> int:
     """How many concurrent sessions of ``tokens`` the shared pool holds (also capped by running slots)."""
     return min(plan.pool_tokens // tokens, plan.running)
@@ -291,6 +316,15 @@ def render(plan: Plan) -> str:
         f"sharing: {s['full_windows']} full windows ({s['full_windows_exact']:.2f}); two sessions of up to "
         f"{s['two_session_each']:,} each; {plan.running} requests average {s['per_running_request']:,} each",
     ]
+    rc = plan.ple_row_cache
+    if rc is not None:
+        lines.append(f"PLE row cache: {rc['mib']:,} MiB of registered host memory for all PLE layers "
+                     f"({rc['variable']}={rc['mib']}, {rc['source']})" if rc["mib"] else
+                     f"PLE row cache: off ({rc['variable']}=0, {rc['source']}): rows are read through the page "
+                     f"cache")
+        if rc["mib"]:
+            lines.append("  host memory beside the device fit below; on unified memory (Jetson Thor) the KV cache "
+                         "cannot use it; the per-layer staging is stated in the server's startup log")
     if plan.memory:
         mem = plan.memory
         lines.append(f"memory: {mem['static_gib']:.2f} GiB static - {mem['weights_gib']:.2f} GiB weights = "

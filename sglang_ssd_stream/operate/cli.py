@@ -108,9 +108,10 @@ def _profile_defaults(profile) -> dict:
 
 
 def cmd_plan(args) -> int:
-    from .capacity import load_geometry, plan, render, sessions_of
+    from .capacity import load_geometry, plan, render, row_cache_budget, sessions_of
 
-    d = _profile_defaults(_launch_profile(args))
+    profile = _launch_profile(args)
+    d = _profile_defaults(profile)
     for key in ("context_length", "pool_tokens", "running", "draft_steps", "mamba_slots", "target_kv_dtype",
                 "draft_kv_dtype", "page_size", "mem_fraction", "tensor_parallel"):
         v = getattr(args, key, None)
@@ -129,6 +130,8 @@ def cmd_plan(args) -> int:
                                                      "mem_fraction": d["mem_fraction"], "weights_gib": weights}
     d.pop("mem_fraction")
     p = plan(load_geometry(args.model), **d, **mem)
+    p.ple_row_cache = row_cache_budget(args.side.row_cache_knob, profile.env, os.environ,
+                                       getattr(args, "row_cache_mb", None))
     if args.json:
         doc = p.to_json()
         doc["sessions"] = {str(n): sessions_of(p, n) for n in args.sessions or ()}
@@ -420,6 +423,10 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
         dest = {a.option_strings[0]: a.dest for a in p._actions if a.option_strings}[own]
         p.add_argument(sglang_flag, type=float if dest == "mem_fraction" else int, dest=dest, help=argparse.SUPPRESS)
     p.add_argument("--weights-gib", type=float, help="resident weights per device (default: from the index)")
+    if side.row_cache_knob:
+        p.add_argument("--row-cache-mb", type=int, dest="row_cache_mb",
+                       help=f"PLE row cache budget, MiB for all PLE layers (default: the profile's "
+                            f"{side.row_cache_knob[0]}, else the environment's, else {side.row_cache_knob[1]})")
     p.add_argument("--sessions", type=int, action="append", metavar="TOKENS",
                    help="how many sessions of this many tokens fit at once (repeatable)")
     p.add_argument("--json", action="store_true")

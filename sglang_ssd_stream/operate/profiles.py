@@ -142,6 +142,10 @@ _THOR = Profile(
         "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB": "32",  # 12 layers x 128 MiB = 1.5 GiB peak -> 384 MiB (000 §7)
         "SGLANG_EMPTY_CACHE_INTERVAL": "60",  # return idle allocator blocks after 60 s fully idle
         "SGLANG_SANITIZE_NAN_LOGITS": "1",  # safety net only: the 261,888-token run had no NaN/Inf
+        # PLE row cache for all PLE layers: small and fixed on unified memory (every byte is KV lost); on the
+        # held-out code trace 1 GiB of rows read 1.06x Belady's optimum and 37-39 % fewer pages than a page
+        # cache held to 1 GiB (benchmarks/row_cache/README.md)
+        "SGLANG_SSD_STREAM_ROW_CACHE_MB": "1024",
     }),
     port=8000,
     needs_sidecar=True,
@@ -167,6 +171,9 @@ _DISCRETE = Profile(
     env=MappingProxyType({
         "SGLANG_PLUGINS": "ssd_stream",
         "SGLANG_EMPTY_CACHE_INTERVAL": "60",
+        # PLE row cache in host RAM (not the GPU's): 4 GiB held the trace's whole 2 GiB working set of rows
+        # (13.3M rows: Belady's floor, 28 % fewer disk reads than a 4 GiB page cache; benchmarks/row_cache/)
+        "SGLANG_SSD_STREAM_ROW_CACHE_MB": "4096",
     }),
     port=30000,
     needs_sidecar=True,

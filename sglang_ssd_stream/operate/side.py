@@ -37,6 +37,9 @@ class EngineSide:
     shown_env: tuple[str, ...] = ()  # prefixes of inherited variables the printed command shows (they act)
     # `plan` options named as this engine names them: (SGLang's flag, this engine's flag or a plan-only name).
     plan_flags: tuple[tuple[str, str], ...] = ()
+    # The PLE row cache budget: (variable, MiB for all PLE layers of a process when unset); None: the engine's
+    # adapter has no row cache. `plan` and the doctor count it as host memory.
+    row_cache_knob: tuple[str, int] | None = None
 
     def engine_argv(self, python: str) -> list[str]:
         return self.launcher(python)

@@ -2,7 +2,8 @@
 
 The sidecar is used when ``SGLANG_SSD_STREAM_SIDECAR`` names one (its ``ssd-stream.json`` or
 directory), else when the model directory (``--model-path``) holds ``ssd-stream.json``.
-``SGLANG_SSD_STREAM_SIDECAR=off`` turns the hooks off entirely.
+``SGLANG_SSD_STREAM_SIDECAR=off`` turns the hooks off entirely. The knobs of how rows are read live
+here too (validated at plugin start by :func:`validate_env`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales, load_manifest
+from ..sidecar.prefetch import DEFAULT_WINDOW as DEFAULT_PREFETCH_CHUNKS
+from ..sidecar.prefetch import SGLANG_WINDOW_ENV as PREFETCH_ENV
+from ..sidecar.row_cache import DEFAULT_BUDGET_MB as DEFAULT_ROW_CACHE_MB
+from ..sidecar.row_cache import SGLANG_BUDGET_ENV as ROW_CACHE_ENV
 from ..sidecar.verify import VerifyReport, verify_sidecar
 from ..sidecar.view import TRUSTED_ROOTS_ENV, trusted_roots  # noqa: F401 - TRUSTED_ROOTS_ENV is a knob
 
@@ -35,6 +40,10 @@ RETIRED_ENV = {
 MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_WORKERS = 16
+# The PLE row cache (sidecar/row_cache.py), ROW_CACHE_ENV: MiB of host memory for ALL PLE layers of this
+# process together (rows + metadata + read buffers), split evenly over the layers it binds; 0 turns the cache
+# and the prompt-ahead prefetch off (the mapped/pread readers serve, as before). Unset: DEFAULT_ROW_CACHE_MB.
+# PREFETCH_ENV: prefill chunks read ahead of the one being computed (sidecar/prefetch.py).
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,17 @@ def max_tokens() -> int:
     return int(chunk) if chunk and int(chunk) > 0 else DEFAULT_MAX_TOKENS
 
 
+def chunk_tokens() -> int:
+    """sglang's prefill chunk (``--chunked-prefill-size``); without chunking, the staging size."""
+    from sglang.srt.runtime_context import get_context
+
+    try:
+        chunk = get_context().server_args.chunked_prefill_size
+    except ValueError:
+        chunk = None
+    return int(chunk) if chunk and int(chunk) > 0 else max_tokens()
+
+
 def graphs_enabled() -> bool:
     """Whether sglang may capture CUDA graphs (decode, or prefill token buckets) in this process.
 
@@ -146,6 +166,22 @@ def io_mode() -> str:
     return mode
 
 
+def row_cache_mb(env=None) -> int:
+    """The row cache budget in MiB for all PLE layers of the process (0: off)."""
+    from ..sidecar.row_cache import parse_budget_mb
+
+    env = os.environ if env is None else env
+    return parse_budget_mb(ROW_CACHE_ENV, env.get(ROW_CACHE_ENV), DEFAULT_ROW_CACHE_MB)
+
+
+def prefetch_chunks(env=None) -> int:
+    """Prefill chunks the prompt-ahead prefetch reads beyond the one being computed."""
+    from ..sidecar.prefetch import parse_window
+
+    env = os.environ if env is None else env
+    return parse_window(PREFETCH_ENV, env.get(PREFETCH_ENV), DEFAULT_PREFETCH_CHUNKS)
+
+
 def validate_env() -> None:
     """Refuse bad knob values when the plugin starts rather than at the first model load."""
     for name, why in RETIRED_ENV.items():
@@ -156,6 +192,8 @@ def validate_env() -> None:
     env_int(WORKERS_ENV, DEFAULT_WORKERS)
     if os.environ.get(MAX_TOKENS_ENV):
         env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
+    row_cache_mb()
+    prefetch_chunks()
 
 
 def gather_mode() -> str:

@@ -97,6 +97,8 @@ class Request:
     memory_plan_error: str | None = None  # the planner refused the pool
     allow_unpatched: bool = False
     ple_skip_device_check: bool = False
+    row_cache: dict | None = None  # operate.capacity.row_cache_budget: the PLE row cache this launch gets
+    row_cache_error: str | None = None  # its variable holds a value the plugin refuses
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,14 @@ def check_ple_backend(facts: Facts) -> Finding | None:
                    "sglang refuses the file backend without it", "--ple-offload-backend pinned")
 
 
+def _unified_row_cache_bytes(facts: Facts) -> int:
+    """The PLE row cache's bytes where they come out of the device's memory (unified memory), else 0."""
+    rc = facts.request.row_cache
+    if facts.device is None or not facts.device.integrated or not rc:
+        return 0
+    return rc["mib"] << 20
+
+
 def check_memory(facts: Facts) -> Finding | None:
     r = facts.request
     if r.memory_plan_error:
@@ -316,13 +326,34 @@ def check_memory(facts: Facts) -> Finding | None:
         return None
     fraction = r.mem_fraction_static if r.mem_fraction_static is not None else 1.0
     usable = facts.device.total_memory_bytes * fraction
-    need = r.memory_need_bytes
+    cache = _unified_row_cache_bytes(facts)
+    need = r.memory_need_bytes + cache
+    what = "weights and pool" + (f" (+ the {cache >> 20} MiB PLE row cache: unified memory)" if cache else "")
     if need > usable:
-        return Finding(ERROR, "memory", f"weights and pool need {need / GIB:.2f} GiB, but {_arch(facts.device)} "
+        return Finding(ERROR, "memory", f"{what} need {need / GIB:.2f} GiB, but {_arch(facts.device)} "
                        f"gives sglang {usable / GIB:.2f} GiB ({facts.device.total_memory_bytes / GIB:.1f} GiB x "
                        f"{fraction:g})", "lower --max-total-tokens or --max-mamba-cache-size (sglang-ssd-stream plan "
-                       "shows what fits)")
-    return Finding(OK, "memory", f"{need / GIB:.2f} GiB needed of {usable / GIB:.2f} GiB")
+                       "shows what fits)" + (f", or lower {r.row_cache['variable']}" if cache else ""))
+    return Finding(OK, "memory", f"{need / GIB:.2f} GiB needed of {usable / GIB:.2f} GiB"
+                   + (f" (the PLE row cache's {cache >> 20} MiB included: unified memory)" if cache else ""))
+
+
+def check_row_cache(facts: Facts) -> Finding | None:
+    """The PLE row cache budget: host memory every scheduler process registers for PLE rows."""
+    r = facts.request
+    if r.row_cache_error:
+        return Finding(ERROR, "row_cache", f"{r.row_cache_error}; the plugin refuses it at start",
+                       "set it to a whole number of MiB for all PLE layers (0: no row cache)")
+    rc = r.row_cache
+    if rc is None:
+        return None
+    if not rc["mib"]:
+        return Finding(OK, "row_cache", f"off ({rc['variable']}=0, {rc['source']}): PLE rows are read through the "
+                       f"mapped or pread reader, without prompt-ahead prefetch")
+    unified = facts.device is not None and facts.device.integrated
+    return Finding(OK, "row_cache", f"{rc['mib']:,} MiB of registered host memory per scheduler process for all PLE "
+                   f"layers ({rc['variable']}, {rc['source']}), with prompt-ahead prefetch"
+                   + ("; unified memory: the KV cache cannot use it" if unified else ""))
 
 
 def check_compilers(facts: Facts) -> Finding:
@@ -330,7 +361,7 @@ def check_compilers(facts: Facts) -> Finding:
     if missing:
         return Finding(ERROR, "compiler", f"no {' or '.join(missing)} compiler on PATH; the first start compiles "
                        f"kernels for this device (Triton launchers, sglang JIT, FlashInfer) and the PLE sidecar's native "
-                       f"host-node read for CUDA graphs",
+                       f"code (the row cache; the host-node read for CUDA graphs)",
                        "sudo apt-get install -y build-essential")
     return Finding(OK, "compiler", f"{facts.c_compiler}, {facts.cxx_compiler}")
 
@@ -408,7 +439,7 @@ def check_disk_space(facts: Facts) -> list[Finding]:
 def run_checks(facts: Facts) -> list[Finding]:
     findings = facts.source.findings(allow_unpatched=facts.request.allow_unpatched)
     findings += [check_device(facts), check_compilers(facts)]
-    for check in (check_fp8_indexer, check_ple_backend, check_memory, check_moe_runner):
+    for check in (check_fp8_indexer, check_ple_backend, check_memory, check_row_cache, check_moe_runner):
         found = check(facts)
         if found is not None:
             findings.append(found)
@@ -479,6 +510,23 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
     return int(weights + (p.pool_gib["total"] + p.mamba["total_gib"]) * PLAN_GIB), None
 
 
+def _with_row_cache(request: Request, profile: str | None, env: Mapping[str, str]) -> Request:
+    """The row cache this launch gets: the profile's value (a launch sets it over the inherited one), else
+    the environment's, else the default (``operate.capacity.row_cache_budget``)."""
+    from dataclasses import replace
+
+    from ..errors import KitError
+    from ..operate.capacity import row_cache_budget
+    from ..operate.profiles import get_profile
+    from .config import DEFAULT_ROW_CACHE_MB, ROW_CACHE_ENV
+
+    profile_env = get_profile(profile, "sglang").env if profile else {}
+    try:
+        return replace(request, row_cache=row_cache_budget((ROW_CACHE_ENV, DEFAULT_ROW_CACHE_MB), profile_env, env))
+    except KitError as exc:
+        return replace(request, row_cache_error=exc.message)
+
+
 def sidecar_paths(model: str | None, explicit: Iterable[str] = ()) -> list[str]:
     paths = list(explicit)
     if model and not paths and Path(model, "ssd-stream.json").exists():
@@ -497,6 +545,7 @@ def diagnose(*, profile: str | None = None, model: str | None = None,
     full = _profile_argv(profile, model, draft) + [str(a) for a in argv]
     need, plan_error = memory_need(model, full) if model else (None, None)
     request = request_from_argv(full, env, memory_need_bytes=need, memory_plan_error=plan_error)
+    request = _with_row_cache(request, profile, env)
     sidecar_error, paths = None, []
     try:
         paths = sidecar_paths(model, sidecars)

@@ -77,8 +77,28 @@ class SidecarHookError(RuntimeError):
 
 
 def _hooks():
+    from . import prefetch
+
     return ((ALLOCATE, around_allocate), (LOAD_WEIGHTS, around_load_weights), (GATHER, around_gather),
-            (CONSUME, around_consume))
+            (CONSUME, around_consume), (prefetch.PREPARE, prefetch.around_prepare_for_forward),
+            (prefetch.RELEASE, prefetch.around_release_kv_cache))
+
+
+def _stale_bindings(original) -> list[str]:
+    """Modules that still bind ``original`` after the hook replaced it (a ``from … import`` copy the
+    registry's propagation missed): the hook would not run for their callers."""
+    import sys
+    import types
+
+    stale = []
+    for name, mod in list(sys.modules.items()):
+        if isinstance(mod, types.ModuleType):
+            try:
+                if any(v is original for v in vars(mod).values()):
+                    stale.append(name)
+            except TypeError:
+                continue
+    return stale
 
 
 def install() -> bool:
@@ -113,6 +133,11 @@ def install() -> bool:
             raise SidecarHookError(f"PLE sidecar hook on {target} did not take effect (see the log above)")
     if bound is originals[ALLOCATE]:
         raise SidecarHookError(f"{_M}.allocate_ple_host_table still points at the original; hook not propagated")
+    from .prefetch import RELEASE
+
+    stale = _stale_bindings(originals[RELEASE])  # the scheduler calls its `from … import` copy
+    if stale:
+        raise SidecarHookError(f"{', '.join(stale)} still bind the original {RELEASE}; hook not propagated")
     _installed = True
     return True
 
@@ -193,8 +218,74 @@ def _is_placeholder(weight) -> bool:
     return weight.data_ptr() in _placeholders and weight.stride() == (0,) * weight.dim()
 
 
+def _row_cache_allocator(device, layer: int):
+    """Row storage for one layer's cache: CUDA-registered host memory (a kernel reads the staged rows it
+    copies out; the accounting line names it), plain memory on a CPU-only process."""
+    if device.type != "cuda":
+        return None
+    from ..staging.host_memory import allocate_registered
+
+    return lambda nbytes: allocate_registered(nbytes, label=f"PLE layer {layer} row cache")
+
+
+def _layer_budget(reader, share: int) -> int:
+    """``share`` bytes, or less when this rank's rows fit in less (a small table is held whole, never padded)."""
+    from ..sidecar import row_cache
+
+    local = reader.vocab_end - reader.vocab_start
+    whole = (local * reader.row_bytes + row_cache.metadata_bytes(local)
+             + row_cache.fixed_bytes(row_cache.DEFAULT_WAVE_PAGES, int(getattr(reader, "max_rows", 0))))
+    return min(int(share), whole)
+
+
+def _min_budget_mb(reader, layers: int) -> int:
+    """The smallest budget (MiB, all layers) whose share holds one row per layer."""
+    from ..sidecar import row_cache
+
+    one = (reader.row_bytes + row_cache.metadata_bytes(1)
+           + row_cache.fixed_bytes(row_cache.DEFAULT_WAVE_PAGES, int(getattr(reader, "max_rows", 0))))
+    return -(-one * layers // (1 << 20))
+
+
+def wrap_in_row_cache(reader, *, layer: int, share: int, layers: int, budget_mb: int, device):
+    """``reader`` behind a :class:`~..sidecar.row_cache.RowCache` of this layer's share of the budget.
+
+    Fatal on failure: a budget that holds no row, a library that cannot be built, memory that cannot be
+    registered stop the model load with a :class:`SidecarHookError` naming the way out (never a silent
+    fallback to the uncached reader)."""
+    from ..sidecar.row_cache import RowCache
+
+    try:
+        cache = RowCache.for_budget(reader, _layer_budget(reader, share), allocate=_row_cache_allocator(device, layer))
+    except Exception as exc:
+        reader.close()
+        raise SidecarHookError(f"PLE layer {layer}: cannot build the row cache ({config.ROW_CACHE_ENV}={budget_mb} "
+                               f"MiB over {layers} layer(s)): {type(exc).__name__}: {exc}; set "
+                               f"{config.ROW_CACHE_ENV}=0 to serve with the uncached reader") from exc
+    if cache is None:
+        reader.close()
+        raise SidecarHookError(
+            f"{config.ROW_CACHE_ENV}={budget_mb} MiB split over {layers} PLE layer(s) is {share / 2**20:.1f} MiB per "
+            f"layer, which holds no {reader.row_bytes}-byte row after the cache's fixed read buffers; set at least "
+            f"{_min_budget_mb(reader, layers)} MiB, or 0 to serve without the row cache")
+    if device.type == "cuda":
+        import torch
+
+        from ..staging.host_memory import account, startup_line
+
+        snap = account(cache_bytes=cache.working_set_bytes)
+        log.info("%s", startup_line(f"layer {layer} row cache", cache.working_set_bytes,
+                                    f"row cache ({cache.capacity} rows x {cache.row_bytes} B registered, + metadata "
+                                    f"and read buffers)", snap, torch.cuda.get_device_properties(device).is_integrated))
+    return cache
+
+
 def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
-    """Attach a :class:`SidecarGather` to every PLE embedding of ``model``; returns {layer: embedding}."""
+    """Attach a :class:`SidecarGather` to every PLE embedding of ``model``; returns {layer: embedding}.
+
+    With a row cache budget (``SGLANG_SSD_STREAM_ROW_CACHE_MB`` > 0, the default) each layer's reader is
+    wrapped in a :class:`~..sidecar.row_cache.RowCache` of an even share of the budget, and captured reads
+    (CUDA graphs) are the cache's own native host node; budget 0 serves from the mapped/pread reader."""
     import torch
 
     from sglang.srt.models.qwen4_exp import Qwen4ExpNGramEmbedding, Qwen4ExpPinnedHostEmbedding
@@ -202,44 +293,86 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
     from ..sidecar import open_reader
     from ..sidecar.format import check_model_shape
     from ..sidecar.reader import rows_for_tokens
+    from ..sidecar.row_cache import captured_read
     from ..staging.gather import SidecarGather
+    from ..staging.host_memory import fmt_bytes
 
     rows = rows_for_tokens(config.max_tokens())
     workers = config.env_int(config.WORKERS_ENV, config.DEFAULT_WORKERS)
     mode, io = config.gather_mode(), config.io_mode()
+    budget_mb = config.row_cache_mb()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    bound = {}
+    found = []
     for name, mod in model.named_modules():
         if not isinstance(mod, Qwen4ExpNGramEmbedding):
             continue
         m = PLE_MODULE.search(name)
         if m is None:
             raise SidecarHookError(f"cannot tell the decoder layer of PLE module {name!r}")
-        layer, emb = int(m.group(1)), mod.ngram_embedding
+        emb = mod.ngram_embedding
         if not isinstance(emb, Qwen4ExpPinnedHostEmbedding) or not _is_placeholder(emb.weight):
             raise SidecarHookError(
                 f"{name}: the PLE sidecar needs sglang's offloaded PLE table (--ple-offload-embedding); "
                 f"this embedding is a {type(emb).__name__} on {emb.weight.device}")
+        found.append((int(m.group(1)), emb))
+    share = (budget_mb << 20) // max(len(found), 1)
+    bound = {}
+    for layer, emb in found:
         table = sidecar.manifest.table(layer)
         lo, hi = emb.shard_indices.org_vocab_start_index, emb.shard_indices.org_vocab_end_index
         check_model_shape(table, dtype=str(emb.weight.dtype), columns=emb.embedding_dim, rows=emb.org_vocab_size,
                           row_range=(lo, hi))
         reader = open_reader(table, io, vocab_start=lo, vocab_end=hi, max_rows=rows, workers=workers)
+        host_read = None
+        if budget_mb:
+            reader = wrap_in_row_cache(reader, layer=layer, share=share, layers=len(found), budget_mb=budget_mb,
+                                       device=device)
+            host_read = captured_read  # graph replays read through the cache's native host node
         emb._ssd_stream = SidecarGather(reader, columns=emb.embedding_dim,
                                         is_fp8=emb.weight.dtype == torch.float8_e4m3fn, capacity_rows=rows,
                                         device=device, mode=mode, graph_rows=rows if config.graphs_enabled() else 0,
+                                        host_read=host_read,
                                         capacity_hint=f"; raise {config.MAX_TOKENS_ENV} or lower the chunk size")
         emb._ssd_stream_layer = layer
         bound[layer] = emb
-        log.info("PLE layer %d: sidecar %s rows [%d, %d), %s reads x %d, %s, working set %.1f MiB", layer, table.file,
-                 lo, hi, io, workers, mode, emb._ssd_stream.working_set_bytes / 2**20)
+        if budget_mb:
+            log.info("PLE layer %d: sidecar %s rows [%d, %d), row cache %s (%d rows, %s, %s misses, %d workers), "
+                     "%s, working set %.1f MiB", layer, table.file, lo, hi, fmt_bytes(reader.working_set_bytes),
+                     reader.capacity, reader.policy, "O_DIRECT" if reader.direct else "buffered+dropped",
+                     reader.workers, mode, emb._ssd_stream.working_set_bytes / 2**20)
+        else:
+            log.info("PLE layer %d: sidecar %s rows [%d, %d), %s reads x %d, %s, working set %.1f MiB", layer,
+                     table.file, lo, hi, io, workers, mode, emb._ssd_stream.working_set_bytes / 2**20)
     if not bound:
         raise SidecarHookError(f"a PLE sidecar is configured ({sidecar.manifest.path}) but the model has no PLE layer")
+    log.info("%s", memory_line(bound, budget_mb))
     if any(e._ssd_stream.graph_rows for e in bound.values()):
-        from ..staging.native_read import library_path
+        if budget_mb:
+            from ..sidecar.native import library_path as native_library
+            from ..sidecar.row_cache import LIB_NAME, SOURCE
 
-        log.info("PLE sidecar under CUDA graphs: reads captured as native host nodes (%s)", library_path())
+            library = native_library(SOURCE, LIB_NAME)
+        else:
+            from ..staging.native_read import library_path as native_read_library
+
+            library = native_read_library()
+        log.info("PLE sidecar under CUDA graphs: reads captured as native host nodes (%s)", library)
     return bound
+
+
+def memory_line(bound: dict, budget_mb: int) -> str:
+    """What the PLE layers of this process hold in host memory: the row caches and the staging."""
+    from ..staging.host_memory import fmt_bytes
+
+    gathers = [e._ssd_stream for e in bound.values()]
+    staging = sum(g.pinned_bytes for g in gathers)
+    if not budget_mb:
+        return (f"PLE host memory: row cache off ({config.ROW_CACHE_ENV}=0), staging {fmt_bytes(staging)} for "
+                f"{len(gathers)} layer(s); rows read through {gathers[0].reader.io}")
+    cache = sum(g.reader.working_set_bytes for g in gathers)
+    return (f"PLE host memory: row cache {fmt_bytes(cache)} ({sum(g.reader.capacity for g in gathers)} rows; "
+            f"{config.ROW_CACHE_ENV}={budget_mb} MiB for {len(gathers)} layer(s)) + staging {fmt_bytes(staging)} = "
+            f"{fmt_bytes(cache + staging)}")
 
 
 class _Filter:
@@ -288,10 +421,39 @@ def around_load_weights(original, self, weights, *args, **kwargs):
     stream = _Filter(weights)
     result = original(self, stream, *args, **kwargs)
     apply_scales(bound, sidecar, stream.scales_seen)
+    start_prefetch(self, bound)
     log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped", len(bound), stream.dropped)
     _ran("load_weights", "layers %s bound to the sidecar, %d PLE shard tensor(s) skipped", sorted(bound),
          stream.dropped)
     return result
+
+
+def start_prefetch(model, bound: dict):
+    """One prompt-ahead prefetcher over the row caches of ``model`` (none with the cache off), reachable
+    from the scheduler hooks of this process (:mod:`.prefetch`). The hashes come from the loaded
+    modules' buffers (a checkpoint may override them), after ``load_weights`` filled them."""
+    if not config.row_cache_mb():
+        return None
+    from sglang.srt.models.qwen4_exp import Qwen4ExpNGramEmbedding
+
+    from ..sidecar.ngram import NGramHash
+    from ..sidecar.prefetch import PromptPrefetcher
+    from . import prefetch
+
+    layers = []
+    for _, mod in model.named_modules():
+        if isinstance(mod, Qwen4ExpNGramEmbedding) and mod.ngram_embedding in bound.values():
+            h = NGramHash.from_buffers(mod.layer_multipliers.tolist(), mod.ngram_heads_vocab_sizes.tolist(),
+                                       mod.ngram_heads_offsets.tolist(), heads_per_ngram=mod.heads_per_ngram,
+                                       eos_token_id=mod.eos_token_id, rows=mod.ngram_embedding.org_vocab_size)
+            layers.append((mod.ngram_embedding._ssd_stream_layer, h, mod.ngram_embedding._ssd_stream.reader))
+    layers.sort(key=lambda x: x[0])  # forward order
+    chunk, window = config.chunk_tokens(), config.prefetch_chunks()
+    prefetcher = PromptPrefetcher([(h, cache) for _, h, cache in layers], chunk_tokens=chunk, window=window)
+    prefetch.register(model, prefetcher)
+    log.info("PLE prompt-ahead prefetch: %d layer(s), %d chunk(s) of %d tokens ahead (%s)", len(layers), window,
+             chunk, config.PREFETCH_ENV)
+    return prefetcher
 
 
 def _capturing() -> bool:

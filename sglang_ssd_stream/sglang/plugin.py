@@ -49,6 +49,11 @@ def register() -> None:
             _say(f"{knobs.QSA_BUDGET_ENV}: {knobs.QSA_BUDGET_TARGET} = {getattr(sys.modules[module], attr) >> 20} MiB")
         if ple_hooks.install_for_served_model():  # PLE sidecar hooks, armed for a qwen4_exp model only
             _say(f"PLE sidecar hooks armed: installed when {ple_hooks.RESOLVE} resolves a qwen4_exp model")
+            cfg = ple_hooks.config
+            mb = cfg.row_cache_mb()
+            _say(f"{cfg.ROW_CACHE_ENV}: {mb} MiB for all PLE layers, prompt-ahead prefetch "
+                 f"{cfg.prefetch_chunks()} chunk(s) ahead ({cfg.PREFETCH_ENV})" if mb else
+                 f"{cfg.ROW_CACHE_ENV}=0: PLE row cache and prompt-ahead prefetch off")
         else:
             _say(f"PLE sidecar hooks off ({ple_hooks.config.SIDECAR_ENV}=off)")
     except SystemExit:

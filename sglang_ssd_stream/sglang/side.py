@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..operate.metrics import MetricNames
 from ..operate.side import EngineSide, python_module
-from .config import DEFAULT_WORKERS, WORKERS_ENV
+from .config import DEFAULT_ROW_CACHE_MB, DEFAULT_WORKERS, ROW_CACHE_ENV, WORKERS_ENV
 
 
 def _preflight(**launch) -> list:
@@ -49,4 +49,5 @@ SIDE = EngineSide(
     install_hint="./install.sh --engine sglang",
     thread_knobs=((WORKERS_ENV, DEFAULT_WORKERS),),  # the PLE sidecar's reader pool (mmap and pread)
     metrics=METRICS,
+    row_cache_knob=(ROW_CACHE_ENV, DEFAULT_ROW_CACHE_MB),  # PLE rows in registered host memory, all layers
 )

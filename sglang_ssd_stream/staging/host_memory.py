@@ -118,17 +118,18 @@ class HostAccount:
     table_bytes: int = 0
     staging_bytes: int = 0
     rounding_would_add: int = 0  # what pin_memory=True would have added on top of table_bytes
+    cache_bytes: int = 0  # PLE row caches: rows (registered) + their metadata and read buffers
 
     @property
     def total(self) -> int:
-        return self.table_bytes + self.staging_bytes
+        return self.table_bytes + self.staging_bytes + self.cache_bytes
 
 
 _account = HostAccount()
 _account_lock = threading.Lock()
 
 
-def account(*, table_bytes: int = 0, staging_bytes: int = 0) -> HostAccount:
+def account(*, table_bytes: int = 0, staging_bytes: int = 0, cache_bytes: int = 0) -> HostAccount:
     """Add an allocation to the process-wide account; returns a snapshot."""
     with _account_lock:
         if table_bytes:
@@ -136,14 +137,16 @@ def account(*, table_bytes: int = 0, staging_bytes: int = 0) -> HostAccount:
             _account.table_bytes += table_bytes
             _account.rounding_would_add += caching_allocator_bytes(table_bytes) - table_bytes
         _account.staging_bytes += staging_bytes
+        _account.cache_bytes += cache_bytes
         return HostAccount(**vars(_account))
 
 
 def startup_line(label: str, nbytes: int, kind: str, snapshot: HostAccount, integrated: bool) -> str:
     """One log line per allocation: its size, the running total, and the KV cost on unified memory."""
+    cache = f", row cache {fmt_bytes(snapshot.cache_bytes)}" if snapshot.cache_bytes else ""
     line = (f"PLE {label}: {fmt_bytes(nbytes)} of {kind}; this process now pins {fmt_bytes(snapshot.total)} "
             f"for PLE ({snapshot.tables} table(s) {fmt_bytes(snapshot.table_bytes)}, staging "
-            f"{fmt_bytes(snapshot.staging_bytes)})")
+            f"{fmt_bytes(snapshot.staging_bytes)}{cache})")
     if snapshot.rounding_would_add:
         line += f"; PyTorch's pinned allocator would have added {fmt_bytes(snapshot.rounding_would_add)} of rounding"
     if integrated:

@@ -5,7 +5,7 @@ start: the engine put in a patch state, the server started, the requests a proof
 process titles kept, the server stopped (always, and before the next one starts). Scenarios are
 session fixtures, so each server starts once however many tests read its results; tests only assert.
 
-Budget (CI: 2 cores): ten server starts, at most 16 generated tokens per request.
+Budget (CI: 2 cores): eleven server starts, at most 16 generated tokens per request.
 """
 
 from __future__ import annotations
@@ -328,10 +328,14 @@ def qwen4_pristine(stage, qwen4_model) -> Scenario:
                        standin=True, args=qwen4_args(), env=ALLOW_UNPATCHED)
 
 
-def _sidecar_scenario(stage, qwen4_model, sidecar, name, io) -> Scenario:
+def _sidecar_scenario(stage, qwen4_model, sidecar, name, io, *, row_cache_mb: str | None = "0") -> Scenario:
+    """``io``'s reader alone (row cache budget 0), or, with ``row_cache_mb=None``, the default: the row cache
+    (1024 MiB for all PLE layers) with prompt-ahead prefetch in front of it."""
+    env = {"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": io}
+    if row_cache_mb is not None:
+        env["SGLANG_SSD_STREAM_ROW_CACHE_MB"] = row_cache_mb
     return stage.serve(name, "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s)}, standin=True,
-                       args=qwen4_args("--ple-offload-embedding"),
-                       env={"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": io})
+                       args=qwen4_args("--ple-offload-embedding"), env=env)
 
 
 @pytest.fixture(scope="session")
@@ -342,6 +346,12 @@ def qwen4_sidecar_mmap(stage, qwen4_model, sidecar) -> Scenario:
 @pytest.fixture(scope="session")
 def qwen4_sidecar_pread(stage, qwen4_model, sidecar) -> Scenario:
     return _sidecar_scenario(stage, qwen4_model, sidecar, "qwen4-sidecar-pread", "pread")
+
+
+@pytest.fixture(scope="session")
+def qwen4_sidecar_cache(stage, qwen4_model, sidecar) -> Scenario:
+    """The default launch (issue 19): rows through the PLE row cache, prefills announced to the prefetch."""
+    return _sidecar_scenario(stage, qwen4_model, sidecar, "qwen4-sidecar-cache", "mmap", row_cache_mb=None)
 
 
 @pytest.fixture(scope="session")

@@ -77,3 +77,39 @@ def test_damaged_sidecar_stops_the_server_at_load(qwen4_damaged_sidecar):
         assert "has SHA-256" in hits[-1] and "expected" in hits[-1], hits[-1]
     else:
         assert f"{damaged}/ple/layer-1.bin is truncated" in hits[-1], hits[-1]
+
+
+def test_row_cache_output_identical_to_uncached_and_ram_table(qwen4_ram, qwen4_sidecar_mmap, qwen4_sidecar_cache):
+    """Issue 19: the default launch reads PLE rows through the row cache (1024 MiB for all PLE layers, capped to
+    what the tiny tables need) with prompt-ahead prefetch; the output is the uncached reader's and sglang's own,
+    bit for bit."""
+    assert _greedy(qwen4_sidecar_cache) == _greedy(qwen4_sidecar_mmap) == _greedy(qwen4_ram)
+
+
+def _lines(sc, pattern: str) -> list[str]:
+    return [line for line in sc.log.splitlines() if re.search(pattern, line)]
+
+
+def test_row_cache_log_states_memory_and_prefetch_activity(qwen4_sidecar_cache, qwen4_sidecar_mmap):
+    """The log states cache + staging bytes and the prefetch's work. The prefetch is announced by the hook in
+    the scheduler loop (NgramEmbeddingManager.prepare_for_forward) and finds the prefetcher that load_weights
+    registered: both run in the scheduler process (the hooks' own lines come from there, test_1)."""
+    sc = qwen4_sidecar_cache
+    # the plugin says the budget in every process it registers in
+    assert "SGLANG_SSD_STREAM_ROW_CACHE_MB: 1024 MiB for all PLE layers, prompt-ahead prefetch 2 chunk(s) ahead" \
+        in sc.log
+    memory = _lines(sc, r"PLE host memory: row cache [\d.]+ [KMG]iB \(\d+ rows; SGLANG_SSD_STREAM_ROW_CACHE_MB=1024 "
+                        r"MiB for 2 layer\(s\)\) \+ staging [\d.]+ [KMG]iB = [\d.]+ [KMG]iB")
+    assert memory, sc.log[-4000:]
+    assert _lines(sc, r"PLE sidecar hook gather ran: .* read through cache"), sc.log[-4000:]
+    assert _lines(sc, r"PLE sidecar hook prefetch ran: prompt tokens of \d+ request\(s\) announced")
+    activity = _lines(sc, r"PLE prompt-ahead prefetch: \d+ chunk\(s\) fetched")
+    assert activity, sc.log[-4000:]
+    # chunks the prefetch thread hashed and fetched (whether the forward's own lookup or the prefetch read a row
+    # first is a race on this CPU: rows prefetched may be 0), and lookups the caches served
+    fetched = int(re.search(r"prefetch: (\d+) chunk\(s\) fetched", activity[0]).group(1))
+    lookups = int(re.search(r"\d+ of (\d+) lookups hit", activity[0]).group(1))
+    assert fetched >= 1 and lookups > 0, activity[0]
+    # the uncached launch says so, and prefetches nothing
+    assert _lines(qwen4_sidecar_mmap, r"PLE host memory: row cache off \(SGLANG_SSD_STREAM_ROW_CACHE_MB=0\)")
+    assert "prompt-ahead prefetch:" not in qwen4_sidecar_mmap.log

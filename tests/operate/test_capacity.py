@@ -290,3 +290,47 @@ def test_plan_without_a_draft_directory_is_refused_not_undercounted(tmp_path):
     args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--device-memory-gib", "16",
                          "--weights-gib", "1"])
     assert args.func(args) == 0
+
+
+def test_plan_states_the_ple_row_cache_budget(tmp_path, capsys, monkeypatch):
+    """Issue 19: the plan counts the row cache a launch gets (the profile's value, which a launch sets over
+    the inherited one; else the environment's; else the default), and refuses a value the plugin refuses."""
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+
+    m = write_model(tmp_path / "m")
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
+    monkeypatch.setenv("SGLANG_SSD_STREAM_ROW_CACHE_MB", "77")  # the profile's value wins, as in the launch
+    for profile, mib, source in (("thor", 1024, "the profile's"), ("discrete-gpu", 4096, "the profile's")):
+        args = p.parse_args(["plan", "--profile", profile, "--model", str(m), "--json"])
+        assert args.func(args) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["ple_row_cache"] == {"variable": "SGLANG_SSD_STREAM_ROW_CACHE_MB", "mib": mib, "gib": mib / 1024,
+                                        "source": source}
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--row-cache-mb", "0"])
+    assert args.func(args) == 0
+    assert "PLE row cache: off (SGLANG_SSD_STREAM_ROW_CACHE_MB=0, this plan's --row-cache-mb)" in capsys.readouterr().out
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "PLE row cache: 1,024 MiB of registered host memory for all PLE layers " \
+           "(SGLANG_SSD_STREAM_ROW_CACHE_MB=1024, the profile's)" in out
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--row-cache-mb", "-3"])
+    with pytest.raises(PlanRefused, match=r"SGLANG_SSD_STREAM_ROW_CACHE_MB=-3 is out of range"):
+        args.func(args)
+
+
+def test_row_cache_budget_sources():
+    from sglang_ssd_stream.operate.capacity import row_cache_budget
+
+    knob = ("K_MB", 1024)
+    assert row_cache_budget(None, {}, {}) is None  # an engine without a row cache
+    assert row_cache_budget(knob, {}, {})["mib"] == 1024 and row_cache_budget(knob, {}, {})["source"] == "the default"
+    assert row_cache_budget(knob, {}, {"K_MB": "12"}) == {"variable": "K_MB", "mib": 12, "gib": 12 / 1024,
+                                                          "source": "the environment's"}
+    assert row_cache_budget(knob, {"K_MB": "5"}, {"K_MB": "12"})["mib"] == 5
+    assert row_cache_budget(knob, {"K_MB": "5"}, {}, override_mb=0)["mib"] == 0
+    with pytest.raises(PlanRefused, match="K_MB='x' is not an integer number of MiB"):
+        row_cache_budget(knob, {}, {"K_MB": "x"})

@@ -45,7 +45,8 @@ def test_thor_exact_argv_and_env():
     launch = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY, base_env={"PATH": "/bin"})
     assert launch.argv == [PY, "-m", "sglang.launch_server", *THOR_ARGS, "--host", "127.0.0.1", "--port", "8000"]
     assert launch.env == {"PATH": "/bin", "SGLANG_PLUGINS": "ssd_stream", "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB": "32",
-                          "SGLANG_EMPTY_CACHE_INTERVAL": "60", "SGLANG_SANITIZE_NAN_LOGITS": "1"}
+                          "SGLANG_EMPTY_CACHE_INTERVAL": "60", "SGLANG_SANITIZE_NAN_LOGITS": "1",
+                          "SGLANG_SSD_STREAM_ROW_CACHE_MB": "1024"}
 
 
 def test_discrete_gpu_profile_values():
@@ -56,6 +57,7 @@ def test_discrete_gpu_profile_values():
     assert (pairs["--context-length"], pairs["--max-total-tokens"], pairs["--max-running-requests"],
             pairs["--max-mamba-cache-size"], pairs["--port"]) == ("131072", "131072", "1", "5", "30000")
     assert launch.env["SGLANG_PLUGINS"] == "ssd_stream"
+    assert launch.env["SGLANG_SSD_STREAM_ROW_CACHE_MB"] == "4096"  # PLE row cache in host RAM (issue 19)
 
 
 def test_vllm_a100x4_exact_argv_and_env():

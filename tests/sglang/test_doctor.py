@@ -438,3 +438,37 @@ def test_device_finding_reports_the_sm_count():
     found = only(run_checks(healthy(device=dataclasses.replace(THOR, sm_count=20))), "device")
     assert found.level == OK and ", 20 SMs, unified memory" in found.message
     assert "SMs" not in only(run_checks(healthy()), "device").message
+
+
+# ----------------------------------------------------------------------------- PLE row cache (issue 19)
+
+
+def test_row_cache_budget_is_reported_and_counted_on_unified_memory():
+    rc = {"variable": "SGLANG_SSD_STREAM_ROW_CACHE_MB", "mib": 1024, "gib": 1.0, "source": "the profile's"}
+    found = only(run_checks(healthy(request=request(row_cache=rc))), "row_cache")
+    assert found.level == OK and found.message.startswith("1,024 MiB of registered host memory per scheduler process")
+    assert "unified memory: the KV cache cannot use it" in found.message
+    assert "unified" not in only(run_checks(healthy(device=H200, request=request(row_cache=rc))), "row_cache").message
+    # on unified memory the cache comes out of the device's memory: 115 GiB + 1 GiB > 115.90 GiB usable
+    short = only(run_checks(healthy(request=request(row_cache=rc, memory_need_bytes=115 * GIB,
+                                                    mem_fraction_static=0.95))), "memory")
+    assert short.level == ERROR and "116.00 GiB" in short.message and "1024 MiB PLE row cache" in short.message
+    assert "SGLANG_SSD_STREAM_ROW_CACHE_MB" in short.fix
+    fits = only(run_checks(healthy(device=H200, request=request(row_cache=rc, memory_need_bytes=115 * GIB,
+                                                                mem_fraction_static=0.95))), "memory")
+    assert fits.level == OK  # a discrete GPU: host memory, not device memory
+    off = only(run_checks(healthy(request=request(row_cache={**rc, "mib": 0}))), "row_cache")
+    assert off.level == OK and off.message.startswith("off (SGLANG_SSD_STREAM_ROW_CACHE_MB=0")
+
+
+def test_row_cache_from_the_profile_and_the_environment(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(doctor, "gather_facts", lambda **kw: seen.setdefault("facts", healthy(request=kw["request"])))
+    doctor.diagnose(profile="discrete-gpu", env={"SGLANG_SSD_STREAM_ROW_CACHE_MB": "8"})
+    assert seen.pop("facts").request.row_cache["mib"] == 4096  # the launch sets the profile's over the inherited
+    doctor.diagnose(env={"SGLANG_SSD_STREAM_ROW_CACHE_MB": "8"})
+    assert seen.pop("facts").request.row_cache == {"variable": "SGLANG_SSD_STREAM_ROW_CACHE_MB", "mib": 8,
+                                                   "gib": 8 / 1024, "source": "the environment's"}
+    _, findings = doctor.diagnose(env={"SGLANG_SSD_STREAM_ROW_CACHE_MB": "lots"})
+    bad = only(findings, "row_cache")
+    assert bad.level == ERROR and "SGLANG_SSD_STREAM_ROW_CACHE_MB='lots' is not an integer number of MiB" in bad.message

@@ -82,3 +82,17 @@ def test_account_accumulates():
     assert after.tables == before.tables + 1 and after.table_bytes == before.table_bytes + 3 * GIB
     assert after.rounding_would_add - before.rounding_would_add == GIB  # 3 GiB would pin 4 GiB
     assert after.total == before.total + 3 * GIB + (1 << 20)
+
+
+def test_the_row_cache_is_in_the_account_and_the_startup_line():
+    """Issue 19: cache bytes + staging bytes, both in the total (and in the KV cost on unified memory)."""
+    before = host_memory.account()
+    after = host_memory.account(cache_bytes=512 << 20, staging_bytes=2 << 20)
+    assert after.cache_bytes - before.cache_bytes == 512 << 20
+    assert after.total == before.total + (512 << 20) + (2 << 20) and after.tables == before.tables
+    snap = host_memory.HostAccount(staging_bytes=40 << 20, cache_bytes=1 << 30)
+    line = host_memory.startup_line("layer 3 row cache", 1 << 30, "row cache", snap, integrated=True)
+    assert "this process now pins 1.04 GiB for PLE" in line and "staging 40.0 MiB, row cache 1.00 GiB)" in line
+    assert "costs 1.04 GiB of KV-cache budget" in line
+    assert "row cache" not in host_memory.startup_line("x", 1, "k", host_memory.HostAccount(staging_bytes=1),
+                                                      integrated=False)

@@ -38,6 +38,12 @@ def _conftest():
     return mod
 
 
+@pytest.fixture(autouse=True)
+def _uncached(monkeypatch):
+    """This file proves the uncached readers (row cache budget 0); check_ple_row_cache.py the row cache."""
+    monkeypatch.setenv("SGLANG_SSD_STREAM_ROW_CACHE_MB", "0")
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """Checkpoints + sidecars (fp8 and bf16), hooks installed through load_plugins()."""

@@ -1,0 +1,141 @@
+"""Prompt-ahead prefetch in sglang's scheduler: the rows of a prefill's next chunks, read before its forward.
+
+Where: sglang 0.5.23's scheduler runs the model in its own process (one scheduler per TP rank builds its
+``TpModelWorker``, whose ``ModelRunner`` loads the model there: the e2e suite sees our ``load_weights``
+hook log from the ``sglang::scheduler`` process). So ``load_weights`` (``hooks.around_load_weights``)
+:func:`register`\\ s one :class:`~..sidecar.prefetch.PromptPrefetcher` per model in this module, and two
+AROUND hooks of the same process use it:
+
+- ``NgramEmbeddingManager.prepare_for_forward(batch, chunked_req=)``: ``Scheduler.get_next_batch_to_run``
+  (and the disaggregation loops) call it with every batch they are about to launch. For an EXTEND or
+  MIXED batch it announces, per request, the prompt tokens this step computes:
+  ``scheduled(rid, origin_input_ids, prefix_len, prefix_len + extend_len)``. The prefetcher only records
+  them and wakes its thread (hashing and disk reads happen there): the scheduler never waits on a read.
+- ``mem_cache.common.release_kv_cache(req, ...)``: every finished, aborted or retracted request gives its
+  KV row back through it; ``finished(rid)`` drops the chunks still queued for it. (A retracted request
+  that comes back is announced again from where it restarts.) The prefetcher also forgets the oldest of
+  more than ``MAX_REQUESTS`` requests, should a path ever skip this call.
+
+Both hooks are advisory: an error in them is logged once and never reaches the scheduler (a real read
+error surfaces in the forward's own lookup, which is fatal there).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+PREPARE = ("sglang.srt.model_executor.model_runner_components.ngram_embedding_manager."
+           "NgramEmbeddingManager.prepare_for_forward")
+RELEASE = "sglang.srt.mem_cache.common.release_kv_cache"
+PREFILL_MODES = ("EXTEND", "MIXED")  # ForwardMode names of scheduler batches that compute prompt tokens
+REPORT_EVERY_S = 60.0  # the activity line's period in the log
+
+_lock = threading.Lock()
+_prefetchers: dict[int, object] = {}  # id(model) -> PromptPrefetcher of that model's PLE layers
+_warned: set[str] = set()  # what this process said once (a failure, the first announcement)
+_last_report = [0.0]
+
+
+def register(model, prefetcher) -> None:
+    """The prefetcher of ``model`` (a reload replaces, and closes, the previous one)."""
+    with _lock:
+        old = _prefetchers.pop(id(model), None)
+        _prefetchers[id(model)] = prefetcher
+    if old is not None:
+        old.close()
+
+
+def active() -> list:
+    with _lock:
+        return list(_prefetchers.values())
+
+
+def clear() -> None:
+    """Close and forget every prefetcher (tests)."""
+    with _lock:
+        olds = list(_prefetchers.values())
+        _prefetchers.clear()
+    for p in olds:
+        p.close()
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("PLE prompt-ahead prefetch: %s failed (%s: %s); serving continues, rows are read on demand",
+                    what, type(exc).__name__, exc)
+
+
+def announce(batch, prefetchers) -> int:
+    """Tell ``prefetchers`` which prompt tokens ``batch`` computes; returns the requests announced."""
+    mode = getattr(getattr(batch, "forward_mode", None), "name", None)
+    if mode not in PREFILL_MODES:
+        return 0
+    n = 0
+    for req, start, extend in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
+        prompt = req.origin_input_ids
+        if start >= len(prompt):  # a decode request of a MIXED batch: no prompt tokens left
+            continue
+        for p in prefetchers:
+            p.scheduled(req.rid, prompt, start, start + extend)
+        n += 1
+    return n
+
+
+def around_prepare_for_forward(original, self, batch, *args, **kwargs):
+    prefetchers = active()
+    if prefetchers and batch is not None:
+        try:
+            if announce(batch, prefetchers) and "announce" not in _warned:
+                _warned.add("announce")  # said once per process, as the PLE hooks say they ran
+                log.info("PLE sidecar hook prefetch ran: prompt tokens of %d request(s) announced to the prompt-ahead "
+                         "prefetch (window %d chunk(s) of %d tokens)", len(batch.reqs), prefetchers[0].window,
+                         prefetchers[0].chunk_tokens)
+        except Exception as exc:  # noqa: BLE001 - advisory, see the module docstring
+            _warn_once("announcing a batch", exc)
+    return original(self, batch, *args, **kwargs)
+
+
+def around_release_kv_cache(original, req, *args, **kwargs):
+    result = original(req, *args, **kwargs)
+    prefetchers = active()
+    if prefetchers:
+        try:
+            for p in prefetchers:
+                p.finished(req.rid)
+            _maybe_report(prefetchers)
+        except Exception as exc:  # noqa: BLE001 - advisory
+            _warn_once("forgetting a finished request", exc)
+    return result
+
+
+def activity_line(prefetcher) -> str:
+    """What the prefetcher did and what its caches saw, for the log."""
+    s = prefetcher.stats
+    caches = [c for _, c in prefetcher.layers]
+    totals: dict[str, int] = {}
+    for c in caches:
+        for k, v in c.stats.items():
+            totals[k] = totals.get(k, 0) + v
+    lookups = max(totals.get("lookups", 0), 1)
+    return (f"PLE prompt-ahead prefetch: {s.chunks_fetched} chunk(s) fetched ({s.tokens_fetched} tokens), "
+            f"{s.chunks_dropped} dropped, {s.scheduled_calls} scheduled call(s), busy {s.seconds_busy:.3f} s; "
+            f"row caches over {len(caches)} layer(s): {totals.get('prefetch_rows', 0)} rows prefetched, "
+            f"{totals.get('hits', 0)} of {totals.get('lookups', 0)} lookups hit "
+            f"({totals.get('hits', 0) / lookups:.1%}), {totals.get('prefetch_hits', 0)} on prefetched rows, "
+            f"{totals.get('rows_read', 0)} rows read from disk"
+            + (f"; errors: {s.errors}" if s.errors else ""))
+
+
+def _maybe_report(prefetchers) -> None:
+    now = time.monotonic()
+    with _lock:
+        if _last_report[0] and now - _last_report[0] < REPORT_EVERY_S:
+            return
+        _last_report[0] = now
+    for p in prefetchers:
+        log.info("%s", activity_line(p))

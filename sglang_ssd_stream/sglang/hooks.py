@@ -20,6 +20,11 @@ target                                                         hook
                                                                enqueued before sglang waits on the stream
 =============================================================  ==========================================
 
+Rows come through a :class:`~..sidecar.row_cache.RowCache` per layer unless ``SGLANG_SSD_STREAM_ROW_CACHE_MB=0``
+(:func:`bind_embeddings`), and two more AROUND hooks, in the scheduler (:mod:`.prefetch`:
+``NgramEmbeddingManager.prepare_for_forward`` and ``mem_cache.common.release_kv_cache``), feed the
+prompt-ahead prefetch that ``load_weights`` starts over those caches.
+
 The hooks are inert for a model without a sidecar (``config.active()`` is None). They are fatal
 on failure: :func:`install` resolves every target first, applies the hooks and checks they took
 effect, and raises otherwise (sglang's ``apply_hooks`` would only log).

@@ -5,6 +5,11 @@ workspace of QSA prefill top-k selection. sglang 0.5.23 hard-codes 128 MiB in
 ``qsa_indexer._QSA_PREFILL_LOGITS_BUDGET_BYTES`` and reads it at call time in
 ``_qsa_prefill_row_chunk_size``; top-k is per row, so tiling rows does not change the selection.
 The Thor profile sets 32 (its write-up: fewer transient allocations on a 128 GB unified-memory box).
+
+The PLE sidecar's own knobs are read by :mod:`.config` and refused at plugin start when malformed
+(``config.validate_env``): ``SGLANG_SSD_STREAM_SIDECAR``, ``_NO_VERIFY``, ``_IO``, ``_READ_WORKERS``,
+``_PLE_MAX_TOKENS``, ``_PLE_GATHER``, ``_ROW_CACHE_MB`` (the row cache budget, MiB for all PLE layers of a
+process; 0: off; profiles: thor 1024, discrete-gpu 4096) and ``_PREFETCH_CHUNKS`` (prefill chunks read ahead).
 """
 
 from __future__ import annotations

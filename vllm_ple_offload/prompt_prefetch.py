@@ -34,7 +34,7 @@ import logging
 import threading
 from typing import Sequence
 
-from . import LOGGER_NAME, env
+from . import LOGGER_NAME, env, runtime_guard
 from .errors import PleSettingsError
 
 log = logging.getLogger(LOGGER_NAME)
@@ -165,6 +165,7 @@ def _replace(cls, name: str, make, *, vllm_decorated: bool = False) -> None:
                            f"plugin wrapped it, refusing to stack prompt-ahead prefetch on top")
     wrapper = make(current)
     setattr(wrapper, _MARK, True)
+    runtime_guard.own_wrapper(wrapper)  # the guard, if it checks again, looks through it to vLLM's function
     setattr(cls, name, wrapper)
     if vars(cls)[name] is not wrapper:
         raise RuntimeError(f"{cls.__qualname__}.{name}: the prompt-ahead prefetch hook did not take effect")

@@ -90,6 +90,22 @@ def _live(module, qualname: str):
     return raw, None
 
 
+_OWN_WRAPPERS: set[types.CodeType] = set()  # code of the kit's own wrappers around watched functions
+
+
+def own_wrapper(fn: types.FunctionType) -> None:
+    """Declare ``fn`` (a wrapper whose ``__wrapped__`` is the watched function) the kit's own: a check
+    after it was installed (a second ``register()``, a module imported again) looks through it."""
+    _OWN_WRAPPERS.add(fn.__code__)
+
+
+def _through_own_wrappers(live):
+    while (isinstance(live, types.FunctionType) and live.__code__ in _OWN_WRAPPERS
+           and isinstance(getattr(live, "__wrapped__", None), types.FunctionType)):
+        live = live.__wrapped__
+    return live
+
+
 def check_entries(module, entries: Iterable, site_packages: Path, all_entries: Iterable) -> list[str]:
     """Problems with the live objects of ``entries`` (watch entries of ``module``); empty when all hold.
 
@@ -125,6 +141,7 @@ def check_entries(module, entries: Iterable, site_packages: Path, all_entries: I
             continue
         expected, node = _code_of(src.code, w.function), function_node(src.tree, w.function)
         live, why = _live(module, w.function)
+        live = _through_own_wrappers(live)
         if live is None or expected is None or node is None:
             problems.append(f"{where} {why or 'is missing from the compiled source'}")
             continue

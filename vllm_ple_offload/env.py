@@ -14,7 +14,7 @@ configuration would otherwise be ignored silently. ``1`` selects a backend:
 
 With a streamed backend, ``VLLM_PLE_ROW_CACHE_MB`` (default 1024, 0 = off) is the byte budget of the row
 cache (:mod:`sglang_ssd_stream.sidecar.row_cache`) for all PLE layers of a process together, split
-evenly per layer, and ``VLLM_PLE_PREFETCH_CHUNKS`` (default 2) the prompt-ahead prefetch window in
+evenly per layer, and ``VLLM_PLE_PREFETCH_CHUNKS`` (default 1) the prompt-ahead prefetch window in
 prefill chunks beyond the one being computed (:mod:`sglang_ssd_stream.sidecar.prefetch`); prefetch
 fills the cache, so it is only set with a cache.
 
@@ -77,7 +77,7 @@ MAX_ROWS_PER_TASK = 1 << 20
 MAX_STATS_INTERVAL = 1 << 30
 DEFAULT_ROW_CACHE_MB = 1024  # all PLE layers of a process together
 MAX_ROW_CACHE_MB = 1 << 20  # 1 TiB: anything larger is a typo
-DEFAULT_PREFETCH_CHUNKS = 2
+DEFAULT_PREFETCH_CHUNKS = 1
 MAX_PREFETCH_CHUNKS = 64
 # One fetch round is FETCH_WORKERS x ROWS_PER_TASK rows of one table; the pread backend's page
 # buffer holds a whole round (and the mmap backend's index arrays scale with it), per table and

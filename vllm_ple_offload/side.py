@@ -32,6 +32,9 @@ SIDE = EngineSide(
     metrics=METRICS,  # what `watch` reads from vLLM's /metrics
     # `plan` speaks vLLM's flags; vLLM has no pool or Mamba-slot flag (it sizes both from what fits), so
     # those two plan inputs get plain names.
+    # The row cache of the streamed backends (the default `pinned` table has none): `plan` counts it.
+    row_cache_knob=(env.ROW_CACHE_MB, env.DEFAULT_ROW_CACHE_MB),
+    row_cache_when=(env.BACKEND, env.DEFAULT_BACKEND, env.STREAMING_BACKENDS),
     plan_flags=(("--context-length", "--max-model-len"), ("--max-running-requests", "--max-num-seqs"),
                 ("--speculative-num-steps", "--num-speculative-tokens"), ("--page-size", "--block-size"),
                 ("--mem-fraction", "--gpu-memory-utilization"), ("--max-total-tokens", "--pool-tokens"),

@@ -10,7 +10,6 @@ that cannot work is refused with the numbers.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -273,12 +272,18 @@ def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: 
     )
 
 
-def row_cache_budget(knob: tuple[str, int] | None, profile_env, env, override_mb: int | None = None) -> dict | None:
+def row_cache_budget(knob: tuple[str, int] | None, profile_env, env, override_mb: int | None = None,
+                     when: tuple[str, str, tuple[str, ...]] | None = None) -> dict | None:
     """The PLE row cache a launch gets: ``override_mb`` (plan's option), else the profile's value (a launch
     sets it over the inherited one), else the inherited variable, else the engine's default. None: the
-    engine has no row cache. Registered host memory, apart from the per-layer staging the engine logs."""
+    engine has no row cache, or not with this launch's ``when`` setting (:class:`.side.EngineSide`).
+    Registered host memory, apart from the per-layer staging the engine logs."""
     if knob is None:
         return None
+    if when is not None:
+        var, default, values = when
+        if profile_env.get(var, env.get(var, default)) not in values:
+            return None
     from ..sidecar.row_cache import parse_budget_mb
 
     var, default = knob

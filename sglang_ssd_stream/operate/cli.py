@@ -131,7 +131,7 @@ def cmd_plan(args) -> int:
     d.pop("mem_fraction")
     p = plan(load_geometry(args.model), **d, **mem)
     p.ple_row_cache = row_cache_budget(args.side.row_cache_knob, profile.env, os.environ,
-                                       getattr(args, "row_cache_mb", None))
+                                       getattr(args, "row_cache_mb", None), args.side.row_cache_when)
     if args.json:
         doc = p.to_json()
         doc["sessions"] = {str(n): sessions_of(p, n) for n in args.sessions or ()}

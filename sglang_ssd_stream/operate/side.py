@@ -40,6 +40,9 @@ class EngineSide:
     # The PLE row cache budget: (variable, MiB for all PLE layers of a process when unset); None: the engine's
     # adapter has no row cache. `plan` and the doctor count it as host memory.
     row_cache_knob: tuple[str, int] | None = None
+    # Where the cache depends on another setting: (variable, its default, the values that have a cache),
+    # e.g. vLLM's streamed backends (its default `pinned` table has none). None: always.
+    row_cache_when: tuple[str, str, tuple[str, ...]] | None = None
 
     def engine_argv(self, python: str) -> list[str]:
         return self.launcher(python)

@@ -234,6 +234,29 @@ def test_plan_vllm_profile(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert (doc["running"], doc["draft_steps"], doc["target_kv_dtype"]) == (8, 3, "bfloat16")
     assert round(doc["sharing"]["full_windows_exact"], 2) == 11.28
+    assert doc["ple_row_cache"] is None  # the a100x4 table is pinned in RAM: no row cache
+
+
+def test_plan_counts_vllms_row_cache_only_for_a_streamed_backend(tmp_path, capsys, monkeypatch):
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+
+    m = write_model(tmp_path / "m")
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["vllm"])
+    monkeypatch.delenv("VLLM_PLE_OFFLOAD_BACKEND", raising=False)
+    monkeypatch.delenv("VLLM_PLE_ROW_CACHE_MB", raising=False)
+    flags = ["--max-total-tokens", "2955692", "--json"]
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), *flags])  # thor streams with mmap
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["ple_row_cache"] == {
+        "variable": "VLLM_PLE_ROW_CACHE_MB", "mib": 1024, "gib": 1.0, "source": "the default"}
+    args = p.parse_args(["plan", "--profile", "a100x4", "--model", str(m), *flags])
+    assert args.func(args) == 0 and json.loads(capsys.readouterr().out)["ple_row_cache"] is None
+    monkeypatch.setenv("VLLM_PLE_OFFLOAD_BACKEND", "pread")  # a100x4 sets no backend: the inherited one acts
+    args = p.parse_args(["plan", "--profile", "a100x4", "--model", str(m), *flags])
+    assert args.func(args) == 0 and json.loads(capsys.readouterr().out)["ple_row_cache"]["mib"] == 1024
 
 
 def test_plan_counts_the_mtp_draft_weights_when_the_profile_drafts(tmp_path, capsys):

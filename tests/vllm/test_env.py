@@ -195,8 +195,8 @@ STREAM = {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM
 
 def test_streaming_gets_a_row_cache_and_prefetch_by_default():
     s = env.read_settings(STREAM)
-    assert (s.row_cache_mb, s.row_cache_bytes, s.prefetch_chunks, s.prefetch) == (1024, 1 << 30, 2, True)
-    assert "row_cache=1024 MiB prefetch_chunks=2" in s.describe()
+    assert (s.row_cache_mb, s.row_cache_bytes, s.prefetch_chunks, s.prefetch) == (1024, 1 << 30, 1, True)
+    assert "row_cache=1024 MiB prefetch_chunks=1" in s.describe()
 
 
 def test_pinned_has_no_row_cache():

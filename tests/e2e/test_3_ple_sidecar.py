@@ -96,7 +96,7 @@ def test_row_cache_log_states_memory_and_prefetch_activity(qwen4_sidecar_cache, 
     registered: both run in the scheduler process (the hooks' own lines come from there, test_1)."""
     sc = qwen4_sidecar_cache
     # the plugin says the budget in every process it registers in
-    assert "SGLANG_SSD_STREAM_ROW_CACHE_MB: 1024 MiB for all PLE layers, prompt-ahead prefetch 2 chunk(s) ahead" \
+    assert "SGLANG_SSD_STREAM_ROW_CACHE_MB: 1024 MiB for all PLE layers, prompt-ahead prefetch 1 chunk(s) ahead" \
         in sc.log
     memory = _lines(sc, r"PLE host memory: row cache [\d.]+ [KMG]iB \(\d+ rows; SGLANG_SSD_STREAM_ROW_CACHE_MB=1024 "
                         r"MiB for 2 layer\(s\)\) \+ staging [\d.]+ [KMG]iB = [\d.]+ [KMG]iB")

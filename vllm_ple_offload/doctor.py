@@ -170,14 +170,9 @@ def _sidecar_facts(settings: env.PleSettings | None) -> dict:
 
 
 def _mem_available(path: str = "/proc/meminfo") -> int | None:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    from sglang_ssd_stream.operate.host import meminfo
+
+    return meminfo(path).get("MemAvailable")
 
 
 def _platform() -> tuple[bool, str]:

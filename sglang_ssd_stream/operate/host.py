@@ -51,6 +51,20 @@ class CpuBudget:
         return f"{self.affinity} CPUs in affinity{q}"
 
 
+def meminfo(path: str | Path = "/proc/meminfo") -> dict[str, int]:
+    """``/proc/meminfo`` in bytes (``kB`` lines scaled); {} when it cannot be read."""
+    out = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text()

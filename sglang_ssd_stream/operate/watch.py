@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .host import meminfo as host_meminfo
 from .metrics import MetricNames, engine_sample, parse
 from .profiles import WatchLimits
 
@@ -50,16 +51,7 @@ UNANSWERED = 2  # consecutive failed health checks that make an incident
 
 
 def meminfo(proc: Path) -> dict[str, int]:
-    out = {}
-    try:
-        for line in (proc / "meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    except OSError:
-        pass
-    return out
+    return host_meminfo(proc / "meminfo")
 
 
 def _status(proc: Path, pid: int) -> dict[str, str]:

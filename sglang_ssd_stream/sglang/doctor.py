@@ -41,8 +41,8 @@ from typing import Iterable, Mapping
 
 from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding, as_json, errors_of, exit_code, print_report, refusal_text
-from ..operate.host import (CpuBudget, TegraRelease, cpu_budget, free_bytes, tegra_finding, tegra_release,
-                            thread_findings)
+from ..operate.host import (CpuBudget, TegraRelease, cpu_budget, free_bytes, meminfo, tegra_finding,
+                            tegra_release, thread_findings)
 from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW, Verdict, verdict
 from ..sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
 from ..staging.native_read import C_COMPILERS
@@ -145,19 +145,6 @@ def _cuda_device() -> Device | None:
                   sm_count=getattr(props, "multi_processor_count", None))
 
 
-def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
-    out = {}
-    try:
-        for line in Path(path).read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    except OSError:
-        pass
-    return out
-
-
 def _read_int(path: str | Path) -> int | None:
     try:
         return int(Path(path).read_text().strip())
@@ -227,7 +214,7 @@ def gather_facts(*, python: str | None = None, sidecar_paths: Iterable[str] = ()
                  request: Request | None = None, env: Mapping[str, str] | None = None,
                  disks: tuple[DiskSpace, ...] = ()) -> Facts:
     """The facts of this machine (no CUDA device is a fact, not an error)."""
-    mem = _meminfo()
+    mem = meminfo()
     return Facts(
         device=_cuda_device(),
         source=verdict("sglang", python=python),

@@ -107,9 +107,7 @@ def prefetch_layers(model) -> list:
         if not isinstance(module, Qwen4ExpNGramEmbedding) or not isinstance(inner, StreamedPLEEmbedding) \
                 or inner.row_cache is None:
             continue
-        hasher = NGramHash.from_buffers(module.layer_multipliers.tolist(), module.ngram_heads_vocab_sizes.tolist(),
-                                        module.ngram_heads_offsets.tolist(), heads_per_ngram=module.heads_per_ngram,
-                                        eos_token_id=module.eos_token_id, rows=inner.org_vocab_size)
+        hasher = NGramHash.from_module(module, rows=inner.org_vocab_size)
         layers.append((hasher, inner.row_cache))
     return layers
 

@@ -448,9 +448,7 @@ def start_prefetch(model, bound: dict):
     layers = []
     for _, mod in model.named_modules():
         if isinstance(mod, Qwen4ExpNGramEmbedding) and mod.ngram_embedding in bound.values():
-            h = NGramHash.from_buffers(mod.layer_multipliers.tolist(), mod.ngram_heads_vocab_sizes.tolist(),
-                                       mod.ngram_heads_offsets.tolist(), heads_per_ngram=mod.heads_per_ngram,
-                                       eos_token_id=mod.eos_token_id, rows=mod.ngram_embedding.org_vocab_size)
+            h = NGramHash.from_module(mod, rows=mod.ngram_embedding.org_vocab_size)
             layers.append((mod.ngram_embedding._ssd_stream_layer, h, mod.ngram_embedding._ssd_stream.reader))
     layers.sort(key=lambda x: x[0])  # forward order
     chunk, window = config.chunk_tokens(), config.prefetch_chunks()

@@ -190,6 +190,14 @@ class NGramHash:
             (ngram_heads_offsets, "ngram_heads_offsets")))
         return cls(m, s, o, int(heads_per_ngram), int(eos_token_id), int(rows))
 
+    @classmethod
+    def from_module(cls, module, *, rows: int) -> "NGramHash":
+        """From a loaded n-gram embedding module of either engine (sglang's and vLLM's ``Qwen4ExpNGramEmbedding``
+        name these buffers alike); ``rows``: the table's row count."""
+        return cls.from_buffers(module.layer_multipliers.tolist(), module.ngram_heads_vocab_sizes.tolist(),
+                                module.ngram_heads_offsets.tolist(), heads_per_ngram=module.heads_per_ngram,
+                                eos_token_id=module.eos_token_id, rows=rows)
+
     def ids(self, tokens, history=None) -> np.ndarray:
         """Row ids ``[len(tokens), ngram_heads]`` (int64) of ``tokens``.
 

@@ -62,9 +62,7 @@ def embedding(sg, *, vocab=VOCAB, eos=EOS, ngram_size=3, heads=8, base=20_000_00
 
 
 def ours_from(emb) -> NGramHash:
-    return NGramHash.from_buffers(emb.layer_multipliers.tolist(), emb.ngram_heads_vocab_sizes.tolist(),
-                                  emb.ngram_heads_offsets.tolist(), heads_per_ngram=emb.heads_per_ngram,
-                                  eos_token_id=emb.eos_token_id, rows=emb.ngram_embedding.org_vocab_size)
+    return NGramHash.from_module(emb, rows=emb.ngram_embedding.org_vocab_size)
 
 
 def test_production_table_layout(sg):

@@ -293,9 +293,7 @@ def test_prepare_for_forward_announces_the_chunk_and_the_window_and_prefetches(e
     from sglang_ssd_stream.sidecar.ngram import NGramHash
 
     emb = m.ngram
-    h = NGramHash.from_buffers(emb.layer_multipliers.tolist(), emb.ngram_heads_vocab_sizes.tolist(),
-                               emb.ngram_heads_offsets.tolist(), heads_per_ngram=emb.heads_per_ngram,
-                               eos_token_id=emb.eos_token_id, rows=emb.ngram_embedding.org_vocab_size)
+    h = NGramHash.from_module(emb, rows=emb.ngram_embedding.org_vocab_size)
     ids = torch.from_numpy(h.chunk_ids(prompt, 32, 64).reshape(32, 16))
     windows = torch.tensor([[prompt[i - 2] if i >= 2 else B.EOS, prompt[i - 1] if i >= 1 else B.EOS, prompt[i]]
                             for i in range(32, 64)])

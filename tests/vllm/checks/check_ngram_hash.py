@@ -73,9 +73,7 @@ def vllm_hash(vl, *, vocab=VOCAB, eos=EOS, ngram_size=3, heads=8, base=20_000_00
 
 
 def ours_from(self, rows: int) -> NGramHash:
-    return NGramHash.from_buffers(self.layer_multipliers.tolist(), self.ngram_heads_vocab_sizes.tolist(),
-                                  self.ngram_heads_offsets.tolist(), heads_per_ngram=self.heads_per_ngram,
-                                  eos_token_id=self.eos_token_id, rows=rows)
+    return NGramHash.from_module(self, rows=rows)
 
 
 def test_production_table_layout(vl):
@@ -106,9 +104,7 @@ def test_a_constructed_embedding_carries_the_same_buffers(vl):
                                  ngram_size=cfg.ngram_size, heads_per_ngram=cfg.heads_per_ngram,
                                  ngram_vocab_size_base=cfg.ngram_vocab_size_base,
                                  make_ngram_vocab_size_divisible_by=cfg.make_ngram_vocab_size_divisible_by)
-    assert ours == NGramHash.from_buffers(emb.layer_multipliers.tolist(), emb.ngram_heads_vocab_sizes.tolist(),
-                                          emb.ngram_heads_offsets.tolist(), heads_per_ngram=emb.heads_per_ngram,
-                                          eos_token_id=emb.eos_token_id, rows=harness.layout(cfg).rows)
+    assert ours == NGramHash.from_module(emb, rows=harness.layout(cfg).rows)
 
 
 def scheduled_batch(vl, requests, eos: int):

@@ -278,9 +278,7 @@ def test_the_prefetcher_hashes_with_the_modules_buffers(hooked):
     (hasher, cache), = hooked.hook.prefetcher.layers
     m = hooked.model
     assert cache is hooked.emb.row_cache and hooked.hook.prefetcher.chunk_tokens == 8
-    assert hasher == NGramHash.from_buffers(m.layer_multipliers.tolist(), m.ngram_heads_vocab_sizes.tolist(),
-                                            m.ngram_heads_offsets.tolist(), heads_per_ngram=m.heads_per_ngram,
-                                            eos_token_id=m.eos_token_id, rows=hooked.emb.org_vocab_size)
+    assert hasher == NGramHash.from_module(m, rows=hooked.emb.org_vocab_size)
 
 
 def test_update_requests_schedules_each_prefill_chunk_and_forgets_finished_requests(hooked):

@@ -17,6 +17,8 @@ layer i+1 while layer i runs):
    thread waits for that event (and for the previous lookup's delivery to have left the slot),
    reads the rows with the row source straight into the pinned slot (``preadv``/``memcpy``
    release the GIL) and enqueues the delivery on ``stream``. ``begin`` never waits for the GPU.
+   A lookup of more than ``piece_rows`` rows (a prefill chunk) is read and delivered in pieces, so
+   piece k's H2D copy and conversion run while piece k+1 is read (every id is bounds-checked first).
 2. ``wait()`` before anyone waits on ``stream`` (the consumer); it re-raises the worker's error
    (an id outside the table, a failed read): the delivery was then never enqueued, so ``out`` is
    untouched.
@@ -60,9 +62,11 @@ import numpy as np
 import torch
 
 from . import LOGGER_NAME
+from ..sidecar.reader import check_bounds
 from .kernels import convert_staged_rows
 
 MODES = ("uva", "h2d")
+PIECE_ROWS = 8192  # eager lookups larger than this are read and delivered in pieces (benchmarks/row_cache/)
 OUTPUTS = ("bf16", "raw")
 
 log = logging.getLogger(LOGGER_NAME)
@@ -81,12 +85,14 @@ class GatherStats:
     ids_wait_s: float = 0.0  # worker: from begin() until the ids (and the slot) were ready
     read_s: float = 0.0  # worker: the row source's read
     captured: int = 0  # reads captured into CUDA graphs
+    pieces: int = 0  # eager lookups' read + delivery pieces (``piece_rows``)
 
     def line(self) -> str:
         n = max(self.lookups, 1)
         return (f"{self.lookups} eager lookups, {self.rows / n:.0f} rows each; per lookup: ids wait "
                 f"{self.ids_wait_s / n * 1e3:.3f} ms, read {self.read_s / n * 1e3:.3f} ms "
-                f"({self.read_s / max(self.rows, 1) * 1e6:.2f} us/row); {self.captured} captured reads")
+                f"({self.read_s / max(self.rows, 1) * 1e6:.2f} us/row) in {self.pieces / n:.1f} piece(s); "
+                f"{self.captured} captured reads")
 
 
 def _capturing(device: torch.device) -> bool:
@@ -116,11 +122,13 @@ class SidecarGather:
         host_read: ``host_read(reader, ids, rows, what=...)`` makes the captured read (a host node
             with ``function``, ``argument``, ``close()``); default the native read.
         capacity_hint: appended to capacity refusals (the engine's knob for a larger staging).
+        piece_rows: an eager lookup of more rows is read and delivered in pieces of this many rows
+            (0: one piece), so the delivery overlaps the read.
     """
 
     def __init__(self, reader, *, columns: int, is_fp8: bool, capacity_rows: int,
                  device: torch.device | str, mode: str = "uva", graph_rows: int = 0, output: str = "bf16",
-                 host_read=None, capacity_hint: str = ""):
+                 host_read=None, capacity_hint: str = "", piece_rows: int = PIECE_ROWS):
         if mode not in MODES:
             raise ValueError(f"PLE gather mode {mode!r}: expected one of {MODES}")
         if output not in OUTPUTS:
@@ -137,6 +145,9 @@ class SidecarGather:
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # compared with tensors' devices
         self.capacity_hint = capacity_hint  # the engine's knob for a larger staging, named in refusals
+        if piece_rows < 0:
+            raise ValueError(f"PLE gather piece_rows must be >= 0, got {piece_rows}")
+        self.piece_rows = int(piece_rows)
         self.graph_rows = int(graph_rows)  # a CPU box has no graphs, but tests drive capture() there
         self.layer = getattr(getattr(reader, "table", None), "layer", "?")
         self.stats = GatherStats()
@@ -220,10 +231,21 @@ class SidecarGather:
         convert_staged_rows(src, out, is_fp8=self.is_fp8)
 
     def _stage_and_deliver(self, n: int, out: torch.Tensor) -> None:
-        t = time.perf_counter()
-        self.reader.read_rows(self._ids_np[:n], self._rows_np[:n])
-        self.stats.read_s += time.perf_counter() - t
-        self._deliver(self.rows_host[:n], self.rows_device, out)
+        """Read rows ``ids_host[:n]`` into the slot and enqueue their delivery into ``out``. A lookup of
+        more than ``piece_rows`` rows goes in pieces: piece k's H2D copy (and conversion) runs on the
+        GPU while piece k+1 is read, so only the last piece's delivery follows the read. Every id is
+        bounds-checked before the first piece, so an id outside the table still delivers nothing."""
+        piece = self.piece_rows if self.piece_rows and n > self.piece_rows else n
+        if piece < n:
+            check_bounds(self._ids_np[:n], self.reader.table, self.reader.total_rows)
+        slot = self.rows_device
+        for a in range(0, n, max(piece, 1)):
+            b = min(n, a + piece)
+            t = time.perf_counter()
+            self.reader.read_rows(self._ids_np[a:b], self._rows_np[a:b])
+            self.stats.read_s += time.perf_counter() - t
+            self._deliver(self.rows_host[a:b], None if slot is None else slot[a:b], out[a:b])
+        self.stats.pieces += max(1, -(-n // max(piece, 1)))
 
     # ------------------------------------------------------------------ eager
 

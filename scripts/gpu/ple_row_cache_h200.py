@@ -23,7 +23,9 @@ Measured (all in one JSON):
   without PLE; next to it the chunk's disk reads and what the measured fio IOPS need for them.
 - ``warm_prefill``: a 2,048-token chunk whose rows are cached, beside one ``--prefill-layer-ms``
   layer: exposed vs the layer (target ≤ 10 %) and vs sglang's in-RAM gather in the same protocol.
-  Run the whole command 3 times for the 3-run target.
+  Run the whole command 3 times for the 3-run target. ``warm_variants``: the same per delivery
+  variant of the gather (``WARM_VARIANTS``: lookup pieces, a highest-priority delivery stream),
+  ``--warm-rounds`` rounds interleaved, with the delivery alone timed beside the host read.
 - ``decode_graphs``: captured lookups of 16 … 1,024 rows beside a ``--decode-layer-ms`` layer
   (target exposed ≤ 0.03 ms), main thread waiting and sleeping.
 - ``memory``: RSS growth + the table's page-cache pages (``mincore``) after 8,192-token-chunk
@@ -47,6 +49,7 @@ Usage (GPU box; ``build/gpu/qwen4_exp.py`` a copy of sglang's, ``.gpu/vllm-src/f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -67,11 +70,14 @@ from sglang_ssd_stream.sidecar.ngram import qwen38_flash_next  # noqa: E402
 from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
 from sglang_ssd_stream.sidecar.row_cache import RowCache, captured_read  # noqa: E402
-from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
+from sglang_ssd_stream.staging.gather import PIECE_ROWS, SidecarGather  # noqa: E402
 
 COLS = 160
 MIB = 1 << 20
 ROWS_PER_TOKEN = 16
+# warm delivery variants (piece_rows, highest-priority delivery stream): the lookup in one piece, the
+# default pieces, smaller and larger pieces, and the priority stream with and without pieces
+WARM_VARIANTS = ((0, False), (PIECE_ROWS, False), (4096, False), (16384, False), (PIECE_ROWS, True), (0, True))
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -137,9 +143,9 @@ def row_cache(path: Path, rows: int, dtype: str, budget_mib: int, *, lo=None, hi
     return RowCache.for_budget(reader, budget_mib * MIB, allocate=allocate, workers=workers)
 
 
-def gather_of(cache: RowCache, dtype: str, device: str, *, mode: str, capacity_rows: int, graph_rows: int):
+def gather_of(cache: RowCache, dtype: str, device: str, *, mode: str, capacity_rows: int, graph_rows: int, **kw):
     return SidecarGather(cache, columns=COLS, is_fp8=dtype == "float8_e4m3fn", capacity_rows=capacity_rows,
-                         device=device, mode=mode, graph_rows=graph_rows, host_read=captured_read)
+                         device=device, mode=mode, graph_rows=graph_rows, host_read=captured_read, **kw)
 
 
 def lookup(g: SidecarGather, ids: torch.Tensor, out: torch.Tensor, side) -> None:
@@ -209,10 +215,11 @@ def check_bitexact(kernel, tables: dict, args, device: str) -> list[dict]:
         pinned = host_table(path, rows, dtype, device)
         lo, hi = rows // 4, rows - rows // 8  # this "rank" owns the middle; the rest must come back zero
         sizes = [n for n in (1, 256, args.bitexact_rows) if n <= args.bitexact_rows]
-        for mode in (("uva", "h2d") if cuda else ("uva",)):
+        for mode in (("uva", "h2d", "h2d+priority") if cuda else ("uva",)):
             cache = row_cache(path, rows, dtype, args.budget_mib, lo=lo, hi=hi, max_rows=max(sizes),
                               workers=args.workers, registered=cuda)
-            g = gather_of(cache, dtype, device, mode=mode, capacity_rows=max(sizes), graph_rows=max(sizes) if cuda else 0)
+            g = gather_of(cache, dtype, device, mode=mode.split("+")[0], capacity_rows=max(sizes),
+                          graph_rows=max(sizes) if cuda else 0, delivery_priority=mode.endswith("+priority"))
             rng = np.random.default_rng(7)
             for n in sizes:
                 ids = torch.from_numpy(rng.integers(0, rows, n)).to(device)
@@ -354,13 +361,16 @@ def cold_prefill(path: Path, rows: int, tokens: np.ndarray, args, device: str, i
 # ----------------------------------------------------------------------------- warm prefill and decode
 
 
-def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device: str, workers: int) -> dict:
-    """``workers`` 1: the cache copies hits on one thread (its parallel pass needs 2 or more)."""
+def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device: str, workers: int, *,
+                 piece_rows: int = PIECE_ROWS, priority: bool = False) -> dict:
+    """``workers`` 1: the cache copies hits on one thread (its parallel pass needs 2 or more);
+    ``piece_rows``, ``priority``: the gather's (0: the lookup in one piece)."""
     h = qwen38_flash_next()
     n = args.chunk_tokens * ROWS_PER_TOKEN
     cache = row_cache(path, rows, "float8_e4m3fn", args.budget_mib, max_rows=n, workers=workers,
                       registered=device == "cuda")
-    g = gather_of(cache, "float8_e4m3fn", device, mode="h2d", capacity_rows=n, graph_rows=0)
+    g = gather_of(cache, "float8_e4m3fn", device, mode="h2d", capacity_rows=n, graph_rows=0, piece_rows=piece_rows,
+                  delivery_priority=priority)
     ids_np = chunk_ids(h, tokens, 0, args.chunk_tokens, rows)
     cache.prefetch(ids_np)  # warm: every row of the chunk cached
     ids = torch.from_numpy(ids_np).to(device)
@@ -397,9 +407,18 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
 
     host_out = np.empty((n, cache.row_bytes), np.uint8)
     before = cache.stats
-    res = {"rows": n, "workers": workers, "layer_ms": real_ms, "layer_only_ms": timed(layer),
-           # where the exposure comes from: the host read alone, the whole lookup without a layer beside it
+    def delivery_alone():  # the staged rows' H2D copy + BF16 conversion, as the lookup enqueues them
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            g._deliver(g.rows_host[:n], g.rows_device, out)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+
+    res = {"rows": n, "workers": workers, "piece_rows": piece_rows, "delivery_priority": priority,
+           "layer_ms": real_ms, "layer_only_ms": timed(layer),
+           # where the exposure comes from: the host read alone, the delivery alone, the whole lookup
+           # without a layer beside it
            "host_read_ms": timed(lambda: cache.read_rows(ids_np, host_out)),
+           "delivery_alone_ms": timed(delivery_alone),
            "lookup_alone_ms": timed(lambda: lookup(g, ids, out, side))}
     g.stats = type(g.stats)()
     res["row_cache_ms"] = timed(with_cache)
@@ -414,9 +433,10 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
         res["sglang_in_ram_ms"] = timed(with_sglang)
         res["sglang_in_ram_exposed_ms"] = max(0.0, res["sglang_in_ram_ms"] - res["layer_only_ms"])
     g.close()
-    print(f"warm prefill ({workers} workers): exposed {res['row_cache_exposed_ms']:.3f} ms of a "
+    print(f"warm prefill ({workers} workers, pieces of {piece_rows or n} rows, priority {priority}): exposed {res['row_cache_exposed_ms']:.3f} ms of a "
           f"{res['layer_only_ms']:.3f} ms layer; host read alone {res['host_read_ms']:.3f} ms, lookup alone "
-          f"{res['lookup_alone_ms']:.3f} ms, read beside the layer {res['beside_layer_read_ms']:.3f} ms", flush=True)
+          f"{res['lookup_alone_ms']:.3f} ms, delivery alone {res['delivery_alone_ms']:.3f} ms, read beside the layer "
+          f"{res['beside_layer_read_ms']:.3f} ms", flush=True)
     return res
 
 
@@ -565,6 +585,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--fio", help="a fio binary (scripts/gpu/build_static_fio.sh)")
     ap.add_argument("--fio-seconds", type=float, default=10)
+    ap.add_argument("--warm-rounds", type=int, default=3, help="rounds of the warm delivery variants")
     ap.add_argument("--only-warm", action="store_true", help="fio and the warm-prefill sections only (a rerun)")
     ap.add_argument("--cpu-smoke", action="store_true", help="no GPU: the CPU parts only, tiny sizes (tests)")
     ap.add_argument("--out", required=True)
@@ -603,6 +624,10 @@ def main(argv=None) -> int:
         res["cold_prefill"] = cold_prefill(big, big_rows, tokens, args, device, iops)
     res["warm_prefill"] = warm_prefill(kernel, big, big_rows, tokens, args, device, args.workers)
     res["warm_prefill_one_copy_thread"] = warm_prefill(kernel, big, big_rows, tokens, args, device, 1)
+    # the delivery variants, interleaved round by round so a drift of the box hits all of them alike
+    res["warm_variants"] = [warm_prefill(kernel, big, big_rows, tokens, args, device, args.workers, piece_rows=pr,
+                                         priority=prio) | {"round": r}
+                            for r in range(args.warm_rounds) for pr, prio in WARM_VARIANTS]
     if args.only_warm:
         res["seconds"] = round(time.perf_counter() - t0, 1)
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

@@ -15,6 +15,11 @@ scheduled, hashes each chunk's tokens for every PLE layer (numpy) and calls that
 being computed are fetched per request, so the window bounds both the disk work queued ahead and
 the rows it pins in the cache.
 
+Staged ahead: when the scheduler also knows the exact prompt tokens of the batch it launches next
+(:meth:`PromptPrefetcher.expected`), the thread hashes them in the forward's order and hands each
+layer's ids to that layer's ``stage(ids)`` (``SidecarGather.stage_ahead``) before the chunk fetches
+still queued: the forward's lookup then finds its rows already in its staging slot and only delivers.
+
 Imports only the standard library and numpy (no engine, no torch).
 """
 
@@ -68,6 +73,8 @@ class PrefetchStats:
     chunks_fetched: int = 0
     chunks_dropped: int = 0  # the request finished before its chunk was fetched
     tokens_fetched: int = 0
+    batches_staged: int = 0  # expected() batches whose rows were staged in every layer that stages
+    batches_superseded: int = 0  # expected() batches replaced by a newer one before the thread got to them
     seconds_busy: float = 0.0
     errors: list = field(default_factory=list)
 
@@ -76,9 +83,10 @@ class PromptPrefetcher:
     """Reads the rows of upcoming prefill chunks into the row caches, in order, in the background.
 
     Args:
-        layers: ``(hash, cache)`` per PLE layer, in forward order: the layer's :class:`NGramHash`
-            (``NGramHash.from_buffers`` of the loaded module) and its row source with a
-            ``prefetch(ids)`` method (a :class:`~.row_cache.RowCache`).
+        layers: ``(hash, cache)`` or ``(hash, cache, stage)`` per PLE layer, in forward order: the
+            layer's :class:`NGramHash` (``NGramHash.from_module`` of the loaded module), its row source
+            with a ``prefetch(ids)`` method (a :class:`~.row_cache.RowCache`), and optionally its
+            ``stage(ids)`` (``SidecarGather.stage_ahead``) for :meth:`expected`.
         chunk_tokens: the prefill chunk size (sglang ``--chunked-prefill-size``, vLLM
             ``--max-num-batched-tokens``).
         window: chunks fetched beyond the chunk being computed (0: only the chunk being scheduled).
@@ -89,8 +97,10 @@ class PromptPrefetcher:
             raise ValueError("prompt-ahead prefetch needs at least one PLE layer")
         if chunk_tokens < 1 or not 0 <= window <= MAX_WINDOW:
             raise ValueError(f"chunk_tokens ({chunk_tokens}) must be >= 1 and window ({window}) in 0..{MAX_WINDOW}")
-        self.layers, self.chunk_tokens, self.window = list(layers), int(chunk_tokens), int(window)
-        self._context = max(h.ngram_size - 1 for h, _ in self.layers)
+        self.layers = [(entry[0], entry[1]) for entry in layers]
+        self.stagers = [(entry[0], entry[2]) for entry in layers if len(entry) > 2 and entry[2] is not None]
+        self.chunk_tokens, self.window = int(chunk_tokens), int(window)
+        self._expected: list | None = None  # the next forward's prompt parts, to stage (latest only)
         self._reqs: OrderedDict[Hashable, _Request] = OrderedDict()
         self._queue: deque[tuple[Hashable, _Request, int, int]] = deque()
         self._cond = threading.Condition()
@@ -131,6 +141,37 @@ class PromptPrefetcher:
                 req.fetched_to = b
             self._cond.notify()
 
+    def expected(self, parts: Sequence[tuple[Hashable, Sequence[int], int, int]]) -> None:
+        """The engine's next forward computes exactly these prompt tokens, in this order:
+        ``(key, tokens, start, end)`` per request. Each stager's layer gets the ids of
+        ``tokens[start:end]`` of every part, concatenated, before any chunk still queued (an older
+        expectation not yet staged is dropped: its forward has run). Returns at once."""
+        if not self.stagers:
+            return
+        parts = [(k, t, max(0, int(a)), min(len(t), int(b))) for k, t, a, b in parts]
+        with self._cond:
+            if self._closed:
+                return
+            if self._expected is not None:
+                self.stats.batches_superseded += 1
+            self._expected = parts
+            self._cond.notify()
+
+    def _ids_of(self, h: NGramHash, tokens: Sequence[int], a: int, b: int) -> np.ndarray:
+        """Row ids of tokens ``[a, b)`` of a prompt (history before ``a`` from the prompt; EOS before its start)."""
+        ctx = h.ngram_size - 1
+        lo = max(0, a - ctx)
+        seg = np.asarray(tokens[lo:b], dtype=np.int64)  # a slice: the GIL for ~chunk ints
+        before = seg[:a - lo]
+        hist = np.concatenate([np.full(ctx - before.size, h.eos_token_id, np.int64), before])
+        return h.ids(seg[a - lo:], hist).reshape(-1)
+
+    def _stage(self, parts) -> None:
+        for h, stage in self.stagers:
+            stage(np.concatenate([self._ids_of(h, t, a, b) for _, t, a, b in parts]))
+        with self._cond:
+            self.stats.batches_staged += 1
+
     def finished(self, key: Hashable) -> None:
         """Request ``key`` is done (or aborted): its queued chunks are dropped."""
         with self._cond:
@@ -144,37 +185,45 @@ class PromptPrefetcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and self._expected is None and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
-                key, req, a, b = self._queue.popleft()
-                if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
-                    self.stats.chunks_dropped += 1
-                    continue
+                parts, self._expected = self._expected, None
+                if parts is None:
+                    key, req, a, b = self._queue.popleft()
+                    if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
+                        self.stats.chunks_dropped += 1
+                        continue
                 self._busy = True
-            t = time.perf_counter()
-            try:
-                lo = max(0, a - self._context)
-                seg = np.asarray(req.tokens[lo:b], dtype=np.int64)  # a chunk's slice: the GIL for ~chunk ints
-                for h, cache in self.layers:
-                    ctx = h.ngram_size - 1
-                    before = seg[max(0, a - lo - ctx):a - lo]  # the predecessors of token a; EOS before the start
-                    hist = np.concatenate([np.full(ctx - before.size, h.eos_token_id, np.int64), before])
-                    cache.prefetch(h.ids(seg[a - lo:], hist).reshape(-1))
-                with self._cond:
-                    self.stats.chunks_fetched += 1
-                    self.stats.tokens_fetched += b - a
-            except Exception as exc:  # noqa: BLE001 - prefetch is advisory: the lookup itself raises for real
-                with self._cond:
-                    if len(self.stats.errors) < 8:
-                        self.stats.errors.append(f"{type(exc).__name__}: {exc}")
-                log.warning("PLE prompt-ahead prefetch of tokens [%d, %d) failed: %s", a, b, exc)
-            finally:
-                with self._cond:
-                    self.stats.seconds_busy += time.perf_counter() - t
-                    self._busy = False
-                    self._cond.notify_all()
+            if parts is not None:  # the batch about to run comes before chunks further ahead
+                self._advisory(lambda: self._stage(parts), "staging of the next batch's rows")
+            else:
+                self._advisory(lambda: self._fetch(req.tokens, a, b), f"prefetch of tokens [{a}, {b})")
+
+    def _fetch(self, tokens, a: int, b: int) -> None:
+        for h, cache in self.layers:
+            cache.prefetch(self._ids_of(h, tokens, a, b))
+        with self._cond:
+            self.stats.chunks_fetched += 1
+            self.stats.tokens_fetched += b - a
+
+    def _advisory(self, work, what: str) -> None:
+        """Run ``work`` on this thread; an error is recorded and logged, never raised (the forward's own
+        lookup raises for real)."""
+        t = time.perf_counter()
+        try:
+            work()
+        except Exception as exc:  # noqa: BLE001
+            with self._cond:
+                if len(self.stats.errors) < 8:
+                    self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+            log.warning("PLE prompt-ahead %s failed: %s", what, exc)
+        finally:
+            with self._cond:
+                self.stats.seconds_busy += time.perf_counter() - t
+                self._busy = False
+                self._cond.notify_all()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -182,7 +231,7 @@ class PromptPrefetcher:
         """Wait until every queued chunk is fetched (tests, benchmarks); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._queue or self._busy or self._expected is not None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -198,6 +247,7 @@ class PromptPrefetcher:
         with self._cond:
             self._closed = True
             self._queue.clear()
+            self._expected = None
             self._cond.notify_all()
         self._thread.join()
 

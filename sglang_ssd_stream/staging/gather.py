@@ -17,11 +17,17 @@ layer i+1 while layer i runs):
    thread waits for that event (and for the previous lookup's delivery to have left the slot),
    reads the rows with the row source straight into the pinned slot (``preadv``/``memcpy``
    release the GIL) and enqueues the delivery on ``stream``. ``begin`` never waits for the GPU.
-   A lookup of more than ``piece_rows`` rows (a prefill chunk) is read and delivered in pieces, so
-   piece k's H2D copy and conversion run while piece k+1 is read (every id is bounds-checked first).
 2. ``wait()`` before anyone waits on ``stream`` (the consumer); it re-raises the worker's error
    (an id outside the table, a failed read): the delivery was then never enqueued, so ``out`` is
    untouched.
+
+Staged ahead: the ids of a prefill chunk are a pure function of its tokens, so the engine's
+scheduler side (prompt-ahead prefetch, :mod:`..sidecar.prefetch`) can hash them on the host when it
+schedules the batch and call ``stage_ahead(ids)`` from its own thread, before the forward reaches
+this layer: the rows are read into the eager slot then. When ``begin`` brings the same ids (compared
+in full once the device's ids are on the host), the worker only delivers; any other ids are read as
+usual, so a wrong guess costs time, never rows. The slot is shared, under one lock: staging waits
+for the slot's last delivery to have left it, and a lookup waits for a staging in progress.
 
 CUDA graphs: inside capture, ``capture(ids, out, stream)`` records the same pipeline as graph
 nodes on ``stream``: a D2H copy of the ids into a pinned graph slot, a *host node*
@@ -55,6 +61,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -62,11 +69,9 @@ import numpy as np
 import torch
 
 from . import LOGGER_NAME
-from ..sidecar.reader import check_bounds
 from .kernels import convert_staged_rows
 
 MODES = ("uva", "h2d")
-PIECE_ROWS = 8192  # eager lookups larger than this are read and delivered in pieces (benchmarks/row_cache/)
 OUTPUTS = ("bf16", "raw")
 
 log = logging.getLogger(LOGGER_NAME)
@@ -85,14 +90,16 @@ class GatherStats:
     ids_wait_s: float = 0.0  # worker: from begin() until the ids (and the slot) were ready
     read_s: float = 0.0  # worker: the row source's read
     captured: int = 0  # reads captured into CUDA graphs
-    pieces: int = 0  # eager lookups' read + delivery pieces (``piece_rows``)
+    staged_ahead: int = 0  # stage_ahead() calls that staged rows
+    ahead_used: int = 0  # eager lookups delivered from rows staged ahead (no read on the critical path)
+    ahead_unused: int = 0  # staged rows a lookup of other ids replaced
 
     def line(self) -> str:
         n = max(self.lookups, 1)
         return (f"{self.lookups} eager lookups, {self.rows / n:.0f} rows each; per lookup: ids wait "
                 f"{self.ids_wait_s / n * 1e3:.3f} ms, read {self.read_s / n * 1e3:.3f} ms "
-                f"({self.read_s / max(self.rows, 1) * 1e6:.2f} us/row) in {self.pieces / n:.1f} piece(s); "
-                f"{self.captured} captured reads")
+                f"({self.read_s / max(self.rows, 1) * 1e6:.2f} us/row); {self.captured} captured reads; "
+                f"{self.ahead_used} of {self.staged_ahead} lookups staged ahead used, {self.ahead_unused} replaced")
 
 
 def _capturing(device: torch.device) -> bool:
@@ -122,17 +129,11 @@ class SidecarGather:
         host_read: ``host_read(reader, ids, rows, what=...)`` makes the captured read (a host node
             with ``function``, ``argument``, ``close()``); default the native read.
         capacity_hint: appended to capacity refusals (the engine's knob for a larger staging).
-        piece_rows: an eager lookup of more rows is read and delivered in pieces of this many rows
-            (0: one piece), so the delivery overlaps the read.
-        delivery_priority: enqueue eager deliveries on a highest-priority CUDA stream (which the
-            lookup's stream then waits for), so the delivery's kernels are scheduled ahead of the
-            layer running beside it; measured in ``benchmarks/row_cache/``.
     """
 
     def __init__(self, reader, *, columns: int, is_fp8: bool, capacity_rows: int,
                  device: torch.device | str, mode: str = "uva", graph_rows: int = 0, output: str = "bf16",
-                 host_read=None, capacity_hint: str = "", piece_rows: int = PIECE_ROWS,
-                 delivery_priority: bool = False):
+                 host_read=None, capacity_hint: str = ""):
         if mode not in MODES:
             raise ValueError(f"PLE gather mode {mode!r}: expected one of {MODES}")
         if output not in OUTPUTS:
@@ -149,9 +150,6 @@ class SidecarGather:
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # compared with tensors' devices
         self.capacity_hint = capacity_hint  # the engine's knob for a larger staging, named in refusals
-        if piece_rows < 0:
-            raise ValueError(f"PLE gather piece_rows must be >= 0, got {piece_rows}")
-        self.piece_rows = int(piece_rows)
         self.graph_rows = int(graph_rows)  # a CPU box has no graphs, but tests drive capture() there
         self.layer = getattr(getattr(reader, "table", None), "layer", "?")
         self.stats = GatherStats()
@@ -188,14 +186,15 @@ class SidecarGather:
 
             load()  # compile/load the host-node library now: at startup (a broken compiler stops the model load)
         self._pending: concurrent.futures.Future | None = None
+        # the eager slot's owner: a lookup's read + delivery enqueue, or a staging ahead (see the docstring)
+        self._slot_lock = threading.Lock()
+        self._slot_used = False  # a delivery was enqueued from the slot (CUDA: wait for _slot_free before reuse)
+        self._ahead_ids = np.empty(self.capacity_rows, np.int64)  # the ids whose rows the slot holds, if staged
+        self._ahead_n = -1  # how many (-1: the slot holds no staged rows)
         if self.cuda:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ple-stage-L{self.layer}")
             self._ids_ready = torch.cuda.Event()
             self._slot_free = torch.cuda.Event()
-            self._slot_used = False
-        # torch maps a priority beyond the device's range to its highest
-        self._delivery_stream = (torch.cuda.Stream(self.device, priority=-(1 << 16))
-                                 if self.cuda and delivery_priority else None)
 
     @property
     def pinned_bytes(self) -> int:
@@ -203,8 +202,8 @@ class SidecarGather:
 
     @property
     def working_set_bytes(self) -> int:
-        """Fixed host memory: pinned staging plus the reader's working set."""
-        return self.pinned_bytes + self.reader.working_set_bytes
+        """Fixed host memory: pinned staging (and the staged-ahead ids) plus the reader's working set."""
+        return self.pinned_bytes + self._ahead_ids.nbytes + self.reader.working_set_bytes
 
     # ------------------------------------------------------------------ checks
 
@@ -237,30 +236,53 @@ class SidecarGather:
             src = device_slot[:n]
         convert_staged_rows(src, out, is_fp8=self.is_fp8)
 
+    def _slot_reusable(self) -> None:
+        """Under the slot lock: wait until the last delivery from the slot has read it (CUDA)."""
+        if self.cuda and self._slot_used:
+            self._slot_free.synchronize()
+
     def _stage_and_deliver(self, n: int, out: torch.Tensor) -> None:
-        """Read rows ``ids_host[:n]`` into the slot and enqueue their delivery into ``out``. A lookup of
-        more than ``piece_rows`` rows goes in pieces: piece k's H2D copy (and conversion) runs on the
-        GPU while piece k+1 is read, so only the last piece's delivery follows the read. Every id is
-        bounds-checked before the first piece, so an id outside the table still delivers nothing."""
-        piece = self.piece_rows if self.piece_rows and n > self.piece_rows else n
-        if piece < n:
-            check_bounds(self._ids_np[:n], self.reader.table, self.reader.total_rows)
-        slot, side = self.rows_device, self._delivery_stream
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream(self.device))  # after the ids' D2H (and the slot's last use)
-        for a in range(0, n, max(piece, 1)):
-            b = min(n, a + piece)
-            t = time.perf_counter()
-            self.reader.read_rows(self._ids_np[a:b], self._rows_np[a:b])
-            self.stats.read_s += time.perf_counter() - t
-            if side is None:
-                self._deliver(self.rows_host[a:b], None if slot is None else slot[a:b], out[a:b])
+        """Rows ``ids_host[:n]`` into the slot (unless staged ahead) and their delivery into ``out``,
+        enqueued on the current stream."""
+        with self._slot_lock:
+            self._slot_reusable()
+            if self._ahead_n == n and np.array_equal(self._ahead_ids[:n], self._ids_np[:n]):
+                self.stats.ahead_used += 1  # the rows are already there
             else:
-                with torch.cuda.stream(side):
-                    self._deliver(self.rows_host[a:b], None if slot is None else slot[a:b], out[a:b])
-        if side is not None:
-            torch.cuda.current_stream(self.device).wait_stream(side)
-        self.stats.pieces += max(1, -(-n // max(piece, 1)))
+                if self._ahead_n >= 0:
+                    self.stats.ahead_unused += 1
+                self._ahead_n = -1  # the slot is overwritten below (even by a read that fails)
+                t = time.perf_counter()
+                self.reader.read_rows(self._ids_np[:n], self._rows_np[:n])
+                self.stats.read_s += time.perf_counter() - t
+            self._ahead_n = -1  # consumed: the next lookup reads, or finds rows staged after this one
+            self._deliver(self.rows_host[:n], self.rows_device, out)
+            if self.cuda:
+                self._slot_free.record(torch.cuda.current_stream(self.device))
+            self._slot_used = True
+
+    # ------------------------------------------------------------------ staged ahead
+
+    def stage_ahead(self, ids) -> bool:
+        """Read the rows of a lookup expected soon (host ids, hashed from the scheduled tokens) into the
+        eager slot, from a thread of the caller's (never the forward's); ``begin`` with the same ids then
+        delivers them without reading. Returns False (nothing staged) for a lookup larger than the slot.
+        Raises the reader's errors; the slot then holds nothing staged."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        n = ids.size
+        if n == 0 or n > self.capacity_rows:
+            return False
+        prefetch = getattr(self.reader, "prefetch", None)
+        if prefetch is not None:
+            prefetch(ids)  # misses into the row cache first, outside the lock: a lookup is never held up by disk reads
+        with self._slot_lock:
+            self._slot_reusable()
+            self._ahead_n = -1
+            self.reader.read_rows(ids, self._rows_np[:n])
+            self._ahead_ids[:n] = ids
+            self._ahead_n = n
+            self.stats.staged_ahead += 1
+        return True
 
     # ------------------------------------------------------------------ eager
 
@@ -282,18 +304,14 @@ class SidecarGather:
         with torch.cuda.stream(stream):
             self.ids_host[:n].copy_(ids, non_blocking=True)
             self._ids_ready.record(stream)
-        self._slot_busy, self._begun = self._slot_used, time.perf_counter()  # for _work: one lookup at a time
+        self._begun = time.perf_counter()
         self._pending = self._executor.submit(self._work, n, out, stream)
-        self._slot_used = True
 
     def _work(self, n: int, out: torch.Tensor, stream) -> None:
         self._ids_ready.synchronize()
-        if self._slot_busy:
-            self._slot_free.synchronize()  # the previous delivery may still read the slot
         self.stats.ids_wait_s += time.perf_counter() - self._begun
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             self._stage_and_deliver(n, out)
-            self._slot_free.record(stream)
 
     def wait(self) -> None:
         """Block until the last ``begin`` has enqueued its delivery; re-raises its error."""
@@ -361,14 +379,10 @@ class SidecarGather:
         n = len(ids_host)
         self._check(n, out)
         self.wait()
-        if self._slot_used:
-            self._slot_free.synchronize()
         self._ids_np[:n] = ids_host
         with torch.cuda.stream(stream):
             self._stage_and_deliver(n, out)
-            self._slot_free.record(stream)
             event.record(stream)
-        self._slot_used = True
 
     def close(self) -> None:
         try:

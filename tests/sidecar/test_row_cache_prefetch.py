@@ -197,3 +197,96 @@ def test_window_knob():
             parse_window("SGLANG_SSD_STREAM_PREFETCH_CHUNKS", raw)
     with pytest.raises(ValueError, match="at least one PLE layer"):
         PromptPrefetcher([], chunk_tokens=CHUNK)
+
+
+# ----------------------------------------------------------------------------- the next batch, staged ahead
+
+
+class Stager:
+    def __init__(self, gate: threading.Event | None = None, fail: bool = False):
+        self.calls, self.gate, self.fail = [], gate, fail
+
+    def __call__(self, ids):
+        if self.gate is not None:
+            self.gate.wait()
+        self.calls.append(np.asarray(ids).copy())
+        if self.fail:
+            raise OSError("disk gone")
+
+
+def test_the_expected_batch_is_staged_per_layer_in_forward_order():
+    """Each stager gets its layer's ids of every part's tokens, concatenated in the batch's order (what
+    the forward's lookup will bring)."""
+    a, b = prompt(700, 1), prompt(300, 2)
+    s0, s1 = Stager(), Stager()
+    p = PromptPrefetcher([(HASH, Recorder(), s0), (HASH1, Recorder(), s1)], chunk_tokens=CHUNK, window=0)
+    p.expected([("a", a, 256, 512), ("b", b, 0, 300)])
+    assert p.drain(60)
+    (got0,), (got1,) = s0.calls, s1.calls
+    np.testing.assert_array_equal(got0, np.concatenate([chunk(a, 256, 512), chunk(b, 0, 300)]))
+    np.testing.assert_array_equal(got1, np.concatenate([chunk(a, 256, 512, HASH1), chunk(b, 0, 300, HASH1)]))
+    assert p.stats.batches_staged == 1 and not p.stats.errors
+    p.close()
+
+
+def test_the_expected_batch_goes_before_chunks_further_ahead_and_only_the_latest():
+    gate = threading.Event()
+    rec, st = Recorder(gate), Stager()
+    tokens = prompt(2000, 3)
+    p = PromptPrefetcher([(HASH, rec, st)], chunk_tokens=CHUNK, window=3)
+    p.scheduled("r", tokens, 0, CHUNK)  # the thread takes [0, 256) and blocks in it; 3 chunks stay queued
+    while p.pending_chunks != 3:
+        pass
+    p.expected([("r", tokens, 0, 100)])
+    p.expected([("r", tokens, 0, CHUNK)])  # a newer batch before the thread got to the first: it replaces it
+    gate.set()
+    assert p.drain(60)
+    assert len(st.calls) == 1 and p.stats.batches_superseded == 1
+    np.testing.assert_array_equal(st.calls[0], chunk(tokens, 0, CHUNK))
+    assert len(rec.calls) == 4 and p.stats.chunks_fetched == 4
+    p.close()
+
+
+def test_a_failing_staging_is_recorded_and_fetches_go_on():
+    st, rec = Stager(fail=True), Recorder()
+    tokens = prompt(600, 4)
+    p = PromptPrefetcher([(HASH, rec, st)], chunk_tokens=CHUNK, window=1)
+    p.expected([("r", tokens, 0, CHUNK)])
+    assert p.drain(60)
+    p.scheduled("r", tokens, 0, CHUNK)
+    assert p.drain(60)
+    assert p.stats.errors == ["OSError: disk gone"] and p.stats.batches_staged == 0 and p.stats.chunks_fetched == 2
+    p.close()
+
+
+def test_without_stagers_expected_does_nothing():
+    rec = Recorder()
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK)
+    p.expected([("r", prompt(100), 0, 100)])
+    assert p.drain(5) and rec.calls == [] and p.stats.batches_staged == 0
+    p.close()
+
+
+def test_staged_rows_are_what_the_gather_delivers_without_reading(table):
+    """The whole path on CPU: the prefetcher hashes the batch, the real gather over a real row cache
+    stages it; the lookup with the same ids delivers without a read and the rows are the table's."""
+    import torch
+
+    from sglang_ssd_stream.staging.gather import SidecarGather
+
+    tokens = prompt(900, 5)
+    data = np.fromfile(table.file, np.uint8).reshape(table.rows, RB)
+    with cache(table) as c:
+        g = SidecarGather(c, columns=160, is_fp8=True, capacity_rows=CHUNK * 16, device="cpu", mode="h2d",
+                          output="raw")
+        p = PromptPrefetcher([(HASH, c, g.stage_ahead)], chunk_tokens=CHUNK, window=0)
+        p.expected([("r", tokens, CHUNK, 2 * CHUNK)])
+        assert p.drain(60) and g.stats.staged_ahead == 1
+        calls = c.stats["calls"]
+        ids = chunk(tokens, CHUNK, 2 * CHUNK)
+        out = torch.zeros((ids.size, RB), dtype=torch.uint8)
+        g.begin(torch.from_numpy(ids), out)
+        assert g.stats.ahead_used == 1 and c.stats["calls"] == calls  # no read on the lookup's path
+        assert np.array_equal(out.numpy(), data[ids])
+        p.close()
+        g.close()  # closes the cache too (again at the end of the block: a no-op)

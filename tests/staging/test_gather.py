@@ -7,6 +7,9 @@ conversion (SGLang's delivery) is checked through SGLang's own hook tests."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -232,83 +235,115 @@ def test_a_row_source_brings_its_own_host_read(sidecar, host_node_runs_now):
     g.close()
 
 
-# ------------------------------------------------------------------ lookups in pieces
+# ------------------------------------------------------------------ staged ahead
 
 
-@pytest.mark.parametrize("piece", [1, 7, 1000, 4096])
+class Counting:
+    """A reader that counts its reads and can be made to fail or to block (a stand-in for nothing: it
+    wraps a real reader)."""
+
+    def __init__(self, reader):
+        self.inner, self.calls, self.fail, self.gate = reader, 0, None, None
+        for name in ("row_bytes", "table", "total_rows", "working_set_bytes"):
+            setattr(self, name, getattr(reader, name))
+
+    def read_rows(self, ids, out):
+        self.calls += 1
+        if self.gate is not None:
+            self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.inner.read_rows(ids, out)
+
+    def close(self):
+        self.inner.close()
+
+
+def counting_gather(table, io="mmap", lo=0, hi=ROWS, capacity=64):
+    reader = open_reader(table, io, vocab_start=lo, vocab_end=hi, total_rows=ROWS, max_rows=capacity, workers=2)
+    src = Counting(reader)
+    return SidecarGather(src, columns=table.columns, is_fp8=table.dtype == "float8_e4m3fn", capacity_rows=capacity,
+                         device="cpu", mode="h2d", output="raw"), src
+
+
 @pytest.mark.parametrize("lo,hi", RANGES)
 @pytest.mark.parametrize("io", IOS)
-def test_a_lookup_in_pieces_delivers_the_same_rows(sidecar, io, lo, hi, piece):
-    """Large lookups are read and delivered piece by piece (the delivery overlaps the next read on a
-    GPU); every row still lands where one piece would put it."""
+def test_rows_staged_ahead_are_delivered_without_a_read(sidecar, io, lo, hi):
     table, data = sidecar
-    g = raw_gather(table, io, lo, hi, piece_rows=piece)
-    for name, ids in id_cases(lo, hi, piece).items():
-        out = poisoned(ids.size, table.row_bytes)
-        g.begin(torch.from_numpy(ids.astype(np.int64)), out)
-        g.wait()
-        assert np.array_equal(out.numpy(), expected(data, ids, lo, hi)), name
-    n = id_cases(lo, hi, 0)
-    assert g.stats.pieces == sum(max(1, -(-i.size // piece)) for i in n.values())
-    g.close()
-
-
-@pytest.mark.parametrize("io", IOS)
-def test_an_id_outside_the_table_in_a_later_piece_delivers_nothing(sidecar, io):
-    """The bounds of every id are checked before the first piece is read: no piece is delivered."""
-    table, data = sidecar
-    g = raw_gather(table, io, piece_rows=4)
-    ids = torch.tensor([3, 4, 5, 6, 7, 8, 9, ROWS])
-    out = poisoned(ids.numel(), table.row_bytes)
-    with pytest.raises(SidecarRowOutOfRange, match=f"row id {ROWS} \\(position 7\\)"):
-        g.begin(ids, out)
-        g.wait()
-    assert (out == 0xAB).all()
-    g.begin(ids[:7], out[:7])  # still usable: nothing was read
-    assert np.array_equal(out[:7].numpy(), data[ids[:7].numpy()])
-    g.close()
-
-
-def test_piece_rows_is_checked(sidecar):
-    table, _ = sidecar
-    with pytest.raises(ValueError, match="piece_rows must be >= 0, got -1"):
-        raw_gather(table, "mmap", piece_rows=-1)
-
-
-BF16_PIECES = """
-import sys, numpy as np, torch
-from sglang_ssd_stream.sidecar import load_manifest, open_reader
-from sglang_ssd_stream.staging.gather import SidecarGather
-from sglang_ssd_stream.staging.kernels import reference_rows
-table = load_manifest(sys.argv[1]).table(3)
-is_fp8 = table.dtype == "float8_e4m3fn"
-rows = int(sys.argv[2])
-data = np.fromfile(table.file, np.uint8).reshape(rows, -1)
-ids = np.random.default_rng(3).integers(0, rows, 23)
-want_raw = data[ids].copy()
-want_raw[(ids < 100) | (ids >= 4000)] = 0
-want = reference_rows(torch.from_numpy(want_raw), is_fp8=is_fp8)
-for piece in (0, 5):
-    reader = open_reader(table, "mmap", vocab_start=100, vocab_end=4000, total_rows=rows, max_rows=64, workers=2)
-    g = SidecarGather(reader, columns=table.columns, is_fp8=is_fp8, capacity_rows=64, device="cpu", piece_rows=piece)
-    out = torch.full((23, table.columns), float("nan"), dtype=torch.bfloat16)
+    g, src = counting_gather(table, io, lo, hi)
+    ids = np.random.default_rng(lo).integers(0, ROWS, 40)
+    assert g.stage_ahead(ids) and src.calls == 1 and g.stats.staged_ahead == 1
+    out = poisoned(40, table.row_bytes)
     g.begin(torch.from_numpy(ids), out)
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16)), piece
-    assert g.stats.pieces == (1 if piece == 0 else 5), g.stats.pieces
+    assert np.array_equal(out.numpy(), expected(data, ids, lo, hi))
+    assert src.calls == 1 and g.stats.ahead_used == 1  # no second read
+    out[:] = 0xAB
+    g.begin(torch.from_numpy(ids), out)  # consumed: the same ids again are read
+    assert np.array_equal(out.numpy(), expected(data, ids, lo, hi)) and src.calls == 2 and g.stats.ahead_used == 1
     g.close()
-print("ok")
-"""
 
 
-def test_bf16_delivery_in_pieces_converts_each_piece(sidecar, tmp_path):
-    """SGLang's delivery on pieces: the real Triton conversion (interpreted, in a fresh interpreter as
-    ``TRITON_INTERPRET`` must be set before Triton loads) converts each piece into its own slice."""
-    import os
-    import subprocess
-    import sys
+@pytest.mark.parametrize("other", ["one id differs", "a prefix", "longer", "permuted"])
+def test_other_ids_than_staged_are_read_never_served_from_the_stage(sidecar, other):
+    """A wrong guess costs a read, never rows: any difference in the ids, their count or order."""
+    table, data = sidecar
+    g, src = counting_gather(table)
+    staged = np.arange(100, 132)
+    ids = {"one id differs": np.concatenate([staged[:31], [4000]]), "a prefix": staged[:31],
+           "longer": np.concatenate([staged, [7]]), "permuted": staged[::-1].copy()}[other]
+    g.stage_ahead(staged)
+    out = poisoned(ids.size, table.row_bytes)
+    g.begin(torch.from_numpy(ids), out)
+    assert np.array_equal(out.numpy(), data[ids])
+    assert src.calls == 2 and g.stats.ahead_used == 0 and g.stats.ahead_unused == 1
+    g.close()
 
-    table, _ = sidecar
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", BF16_PIECES, str(tmp_path / "ssd-stream.json"), str(ROWS)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+def test_staging_ahead_refuses_what_the_slot_cannot_hold_and_bad_ids(sidecar):
+    table, data = sidecar
+    g, src = counting_gather(table, capacity=16)
+    assert not g.stage_ahead(np.arange(17)) and not g.stage_ahead(np.empty(0, np.int64)) and src.calls == 0
+    with pytest.raises(SidecarRowOutOfRange):
+        g.stage_ahead(np.array([1, ROWS]))
+    assert g._ahead_n == -1  # nothing staged
+    out = poisoned(2, table.row_bytes)
+    g.begin(torch.tensor([1, 2]), out)
+    assert np.array_equal(out.numpy(), data[[1, 2]]) and g.stats.ahead_used == 0
+    g.close()
+
+
+def test_a_staging_that_fails_leaves_nothing_staged(sidecar):
+    table, data = sidecar
+    g, src = counting_gather(table)
+    g.stage_ahead(np.arange(8))  # staged ...
+    src.fail = OSError(5, "Input/output error")
+    with pytest.raises(OSError):
+        g.stage_ahead(np.arange(8))  # ... then a staging of the same ids fails half-way: the slot is not trusted
+    src.fail = None
+    out = poisoned(8, table.row_bytes)
+    g.begin(torch.arange(8), out)
+    assert np.array_equal(out.numpy(), data[:8]) and g.stats.ahead_used == 0 and src.calls == 3
+    g.close()
+
+
+def test_a_lookup_waits_for_a_staging_in_progress_and_uses_it(sidecar):
+    """The slot is shared under one lock: a lookup that arrives while its rows are being staged waits
+    for the staging (it would read the same rows) and then delivers them."""
+    table, data = sidecar
+    g, src = counting_gather(table)
+    src.gate = threading.Event()
+    ids = np.arange(200, 240)
+    stager = threading.Thread(target=g.stage_ahead, args=(ids,))
+    stager.start()
+    while src.calls == 0:
+        time.sleep(0.001)
+    out = poisoned(40, table.row_bytes)
+    looker = threading.Thread(target=g.begin, args=(torch.from_numpy(ids), out))
+    looker.start()
+    time.sleep(0.05)
+    assert looker.is_alive() and (out == 0xAB).all()  # held by the lock, not reading over the staging
+    src.gate.set()
+    stager.join(10)
+    looker.join(10)
+    assert np.array_equal(out.numpy(), data[ids]) and src.calls == 1 and g.stats.ahead_used == 1
+    g.close()

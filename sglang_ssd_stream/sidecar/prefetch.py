@@ -173,9 +173,12 @@ class PromptPrefetcher:
             self.stats.batches_staged += 1
 
     def finished(self, key: Hashable) -> None:
-        """Request ``key`` is done (or aborted): its queued chunks are dropped."""
+        """Request ``key`` is done (or aborted): its queued chunks, and an expected batch with it not yet
+        staged, are dropped."""
         with self._cond:
             self._reqs.pop(key, None)
+            if self._expected is not None and any(part[0] == key for part in self._expected):
+                self._expected = None  # a batch with this request will not run as announced
             kept = deque(item for item in self._queue if item[0] != key)
             self.stats.chunks_dropped += len(self._queue) - len(kept)
             self._queue = kept

@@ -451,7 +451,7 @@ def start_prefetch(model, bound: dict):
         if isinstance(mod, Qwen4ExpNGramEmbedding) and mod.ngram_embedding in bound.values():
             h = NGramHash.from_module(mod, rows=mod.ngram_embedding.org_vocab_size)
             gather = mod.ngram_embedding._ssd_stream
-            layers.append((mod.ngram_embedding._ssd_stream_layer, h, gather.reader, gather.stage_ahead))
+            layers.append((mod.ngram_embedding._ssd_stream_layer, h, gather.reader, gather))
     layers.sort(key=lambda x: x[0])  # forward order
     chunk, window = config.chunk_tokens(), config.prefetch_chunks()
     prefetcher = PromptPrefetcher([entry[1:] for entry in layers], chunk_tokens=chunk, window=window)

@@ -126,7 +126,7 @@ def activity_line(prefetcher) -> str:
     """What the prefetcher did and what its caches saw, for the log."""
     s = prefetcher.stats
     caches = [c for _, c in prefetcher.layers]
-    staged = [stage.__self__.stats for _, stage in prefetcher.stagers]  # SidecarGather.stage_ahead's gathers
+    staged = [gather.stats for _, gather in prefetcher.stagers]
     totals: dict[str, int] = {}
     for c in caches:
         for k, v in c.stats.items():

@@ -16,9 +16,10 @@ being computed are fetched per request, so the window bounds both the disk work 
 the rows it pins in the cache.
 
 Staged ahead: when the scheduler also knows the exact prompt tokens of the batch it launches next
-(:meth:`PromptPrefetcher.expected`), the thread hashes them in the forward's order and hands each
-layer's ids to that layer's ``stage(ids)`` (``SidecarGather.stage_ahead``) before the chunk fetches
-still queued: the forward's lookup then finds its rows already in its staging slot and only delivers.
+(:meth:`PromptPrefetcher.expected`), it takes a ticket from each layer's stager (``expect()``, before
+the forward begins), and a second thread, never queued behind chunk fetches, hashes the tokens in the
+forward's order and hands each layer's ids to ``stage_ahead(ids, ticket)`` (a
+``staging.SidecarGather``): the forward's lookup finds its rows in its staging slot and only delivers.
 
 Imports only the standard library and numpy (no engine, no torch).
 """
@@ -83,10 +84,11 @@ class PromptPrefetcher:
     """Reads the rows of upcoming prefill chunks into the row caches, in order, in the background.
 
     Args:
-        layers: ``(hash, cache)`` or ``(hash, cache, stage)`` per PLE layer, in forward order: the
+        layers: ``(hash, cache)`` or ``(hash, cache, stager)`` per PLE layer, in forward order: the
             layer's :class:`NGramHash` (``NGramHash.from_module`` of the loaded module), its row source
-            with a ``prefetch(ids)`` method (a :class:`~.row_cache.RowCache`), and optionally its
-            ``stage(ids)`` (``SidecarGather.stage_ahead``) for :meth:`expected`.
+            with a ``prefetch(ids)`` method (a :class:`~.row_cache.RowCache`), and optionally its stager
+            for :meth:`expected` (``expect()``, ``stage_ahead(ids, ticket)``, ``end_expected(ticket)``:
+            a ``staging.SidecarGather``).
         chunk_tokens: the prefill chunk size (sglang ``--chunked-prefill-size``, vLLM
             ``--max-num-batched-tokens``).
         window: chunks fetched beyond the chunk being computed (0: only the chunk being scheduled).
@@ -100,7 +102,8 @@ class PromptPrefetcher:
         self.layers = [(entry[0], entry[1]) for entry in layers]
         self.stagers = [(entry[0], entry[2]) for entry in layers if len(entry) > 2 and entry[2] is not None]
         self.chunk_tokens, self.window = int(chunk_tokens), int(window)
-        self._expected: list | None = None  # the next forward's prompt parts, to stage (latest only)
+        self._expected: tuple | None = None  # (parts, tickets) of the next forward, to stage (latest only)
+        self._staging = False
         self._reqs: OrderedDict[Hashable, _Request] = OrderedDict()
         self._queue: deque[tuple[Hashable, _Request, int, int]] = deque()
         self._cond = threading.Condition()
@@ -109,6 +112,10 @@ class PromptPrefetcher:
         self.stats = PrefetchStats()
         self._thread = threading.Thread(target=self._run, name="ple-prompt-prefetch", daemon=True)
         self._thread.start()
+        self._stage_thread = None
+        if self.stagers:
+            self._stage_thread = threading.Thread(target=self._run_stagings, name="ple-stage-ahead", daemon=True)
+            self._stage_thread.start()
 
     # ------------------------------------------------------------------ called by the scheduler
 
@@ -139,23 +146,30 @@ class PromptPrefetcher:
                 self._queue.append((key, req, a, b))
                 self.stats.chunks_queued += 1
                 req.fetched_to = b
-            self._cond.notify()
+            self._cond.notify_all()  # two threads (fetch, staging) and drain() wait on it
 
     def expected(self, parts: Sequence[tuple[Hashable, Sequence[int], int, int]]) -> None:
         """The engine's next forward computes exactly these prompt tokens, in this order:
-        ``(key, tokens, start, end)`` per request. Each stager's layer gets the ids of
-        ``tokens[start:end]`` of every part, concatenated, before any chunk still queued (an older
-        expectation not yet staged is dropped: its forward has run). Returns at once."""
+        ``(key, tokens, start, end)`` per request; call it before that forward begins. Each stager's
+        layer gets the ids of ``tokens[start:end]`` of every part, concatenated, on the staging thread
+        (an older expectation not yet staged is superseded: its forward has run). Returns at once."""
         if not self.stagers:
             return
         parts = [(k, t, max(0, int(a)), min(len(t), int(b))) for k, t, a, b in parts]
         with self._cond:
             if self._closed:
                 return
-            if self._expected is not None:
+            tickets = [stager.expect() for _, stager in self.stagers]
+            old, self._expected = self._expected, (parts, tickets)
+            if old is not None:
                 self.stats.batches_superseded += 1
-            self._expected = parts
-            self._cond.notify()
+            self._cond.notify_all()
+        if old is not None:
+            self._end(old[1])
+
+    def _end(self, tickets) -> None:
+        for (_, stager), ticket in zip(self.stagers, tickets, strict=True):
+            stager.end_expected(ticket)
 
     def _ids_of(self, h: NGramHash, tokens: Sequence[int], a: int, b: int) -> np.ndarray:
         """Row ids of tokens ``[a, b)`` of a prompt (history before ``a`` from the prompt; EOS before its start)."""
@@ -166,43 +180,83 @@ class PromptPrefetcher:
         hist = np.concatenate([np.full(ctx - before.size, h.eos_token_id, np.int64), before])
         return h.ids(seg[a - lo:], hist).reshape(-1)
 
-    def _stage(self, parts) -> None:
-        for h, stage in self.stagers:
-            stage(np.concatenate([self._ids_of(h, t, a, b) for _, t, a, b in parts]))
+    def _stage(self, parts, tickets) -> None:
+        """Each stager's ids of ``parts``, staged with its ticket (every ticket ended, whatever fails)."""
+        ended = 0
+        try:
+            for (h, stager), ticket in zip(self.stagers, tickets, strict=True):
+                ended += 1  # stage_ahead ends its ticket itself, even when it raises
+                stager.stage_ahead(np.concatenate([self._ids_of(h, t, a, b) for _, t, a, b in parts]), ticket)
+            with self._cond:
+                self.stats.batches_staged += 1
+        finally:
+            for (_, stager), ticket in list(zip(self.stagers, tickets, strict=True))[ended:]:
+                stager.end_expected(ticket)
+
+    def _run_stagings(self) -> None:
+        while True:
+            with self._cond:
+                while self._expected is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                (parts, tickets), self._expected = self._expected, None
+                self._staging = True
+            t = time.perf_counter()
+            try:
+                self._stage(parts, tickets)
+            except Exception as exc:  # noqa: BLE001 - advisory: the lookup reads its rows itself
+                self._record_error("staging of the next batch's rows", exc)
+            finally:
+                with self._cond:
+                    self.stats.seconds_busy += time.perf_counter() - t
+                    self._staging = False
+                    self._cond.notify_all()
+
+    def _record_error(self, what: str, exc: BaseException) -> None:
         with self._cond:
-            self.stats.batches_staged += 1
+            if len(self.stats.errors) < 8:
+                self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+        log.warning("PLE prompt-ahead %s failed: %s", what, exc)
 
     def finished(self, key: Hashable) -> None:
         """Request ``key`` is done (or aborted): its queued chunks, and an expected batch with it not yet
         staged, are dropped."""
         with self._cond:
             self._reqs.pop(key, None)
-            if self._expected is not None and any(part[0] == key for part in self._expected):
-                self._expected = None  # a batch with this request will not run as announced
+            dropped = None
+            if self._expected is not None and any(part[0] == key for part in self._expected[0]):
+                dropped, self._expected = self._expected, None  # a batch with this request will not run as announced
             kept = deque(item for item in self._queue if item[0] != key)
             self.stats.chunks_dropped += len(self._queue) - len(kept)
             self._queue = kept
+        if dropped is not None:
+            self._end(dropped[1])
 
     # ------------------------------------------------------------------ the background thread
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and self._expected is None and not self._closed:
+                while not self._queue and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
-                parts, self._expected = self._expected, None
-                if parts is None:
-                    key, req, a, b = self._queue.popleft()
-                    if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
-                        self.stats.chunks_dropped += 1
-                        continue
+                key, req, a, b = self._queue.popleft()
+                if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
+                    self.stats.chunks_dropped += 1
+                    continue
                 self._busy = True
-            if parts is not None:  # the batch about to run comes before chunks further ahead
-                self._advisory(lambda: self._stage(parts), "staging of the next batch's rows")
-            else:
-                self._advisory(lambda: self._fetch(req.tokens, a, b), f"prefetch of tokens [{a}, {b})")
+            t = time.perf_counter()
+            try:
+                self._fetch(req.tokens, a, b)
+            except Exception as exc:  # noqa: BLE001 - prefetch is advisory: the lookup itself raises for real
+                self._record_error(f"prefetch of tokens [{a}, {b})", exc)
+            finally:
+                with self._cond:
+                    self.stats.seconds_busy += time.perf_counter() - t
+                    self._busy = False
+                    self._cond.notify_all()
 
     def _fetch(self, tokens, a: int, b: int) -> None:
         for h, cache in self.layers:
@@ -211,30 +265,13 @@ class PromptPrefetcher:
             self.stats.chunks_fetched += 1
             self.stats.tokens_fetched += b - a
 
-    def _advisory(self, work, what: str) -> None:
-        """Run ``work`` on this thread; an error is recorded and logged, never raised (the forward's own
-        lookup raises for real)."""
-        t = time.perf_counter()
-        try:
-            work()
-        except Exception as exc:  # noqa: BLE001
-            with self._cond:
-                if len(self.stats.errors) < 8:
-                    self.stats.errors.append(f"{type(exc).__name__}: {exc}")
-            log.warning("PLE prompt-ahead %s failed: %s", what, exc)
-        finally:
-            with self._cond:
-                self.stats.seconds_busy += time.perf_counter() - t
-                self._busy = False
-                self._cond.notify_all()
-
     # ------------------------------------------------------------------ lifecycle
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every queued chunk is fetched (tests, benchmarks); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy or self._expected is not None:
+            while self._queue or self._busy or self._expected is not None or self._staging:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -250,9 +287,13 @@ class PromptPrefetcher:
         with self._cond:
             self._closed = True
             self._queue.clear()
-            self._expected = None
+            dropped, self._expected = self._expected, None
             self._cond.notify_all()
         self._thread.join()
+        if self._stage_thread is not None:
+            self._stage_thread.join()
+        if dropped is not None:
+            self._end(dropped[1])
 
 
 __all__ = ["PromptPrefetcher", "PrefetchStats", "parse_window", "DEFAULT_WINDOW", "SGLANG_WINDOW_ENV",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -203,15 +204,29 @@ def test_window_knob():
 
 
 class Stager:
+    """Records what it is asked to stage and the tickets (the gather's side of the protocol; the real
+    gather is the last test's)."""
+
     def __init__(self, gate: threading.Event | None = None, fail: bool = False):
         self.calls, self.gate, self.fail = [], gate, fail
+        self.announced, self.ended = 0, []
 
-    def __call__(self, ids):
-        if self.gate is not None:
-            self.gate.wait()
-        self.calls.append(np.asarray(ids).copy())
-        if self.fail:
-            raise OSError("disk gone")
+    def expect(self):
+        self.announced += 1
+        return self.announced
+
+    def end_expected(self, ticket):
+        self.ended.append(ticket)
+
+    def stage_ahead(self, ids, ticket):
+        try:
+            if self.gate is not None:
+                self.gate.wait()
+            self.calls.append((np.asarray(ids).copy(), ticket))
+            if self.fail:
+                raise OSError("disk gone")
+        finally:
+            self.end_expected(ticket)
 
 
 def test_the_expected_batch_is_staged_per_layer_in_forward_order():
@@ -222,28 +237,53 @@ def test_the_expected_batch_is_staged_per_layer_in_forward_order():
     p = PromptPrefetcher([(HASH, Recorder(), s0), (HASH1, Recorder(), s1)], chunk_tokens=CHUNK, window=0)
     p.expected([("a", a, 256, 512), ("b", b, 0, 300)])
     assert p.drain(60)
-    (got0,), (got1,) = s0.calls, s1.calls
+    ((got0, t0),), ((got1, t1),) = s0.calls, s1.calls
+    assert t0 == t1 == 1 and s0.ended == s1.ended == [1]
     np.testing.assert_array_equal(got0, np.concatenate([chunk(a, 256, 512), chunk(b, 0, 300)]))
     np.testing.assert_array_equal(got1, np.concatenate([chunk(a, 256, 512, HASH1), chunk(b, 0, 300, HASH1)]))
     assert p.stats.batches_staged == 1 and not p.stats.errors
     p.close()
 
 
-def test_the_expected_batch_goes_before_chunks_further_ahead_and_only_the_latest():
-    gate = threading.Event()
-    rec, st = Recorder(gate), Stager()
+def test_staging_never_waits_behind_chunk_fetches_and_only_the_latest_is_staged():
+    """The staging thread is not the fetch thread: with a chunk fetch stuck on the disk, the expected
+    batch is still staged. A batch superseded before its staging began has its ticket ended at once
+    (a lookup never waits for a staging that will not happen)."""
+    gate, sgate = threading.Event(), threading.Event()
+    rec, st = Recorder(gate), Stager(sgate)
     tokens = prompt(2000, 3)
     p = PromptPrefetcher([(HASH, rec, st)], chunk_tokens=CHUNK, window=3)
-    p.scheduled("r", tokens, 0, CHUNK)  # the thread takes [0, 256) and blocks in it; 3 chunks stay queued
-    while p.pending_chunks != 3:
+    p.scheduled("r", tokens, 0, CHUNK)  # the fetch thread blocks in [0, 256); 3 chunks stay queued
+    p.expected([("r", tokens, 0, 64)])  # the staging thread blocks in this one
+    while not p._staging:
         pass
     p.expected([("r", tokens, 0, 100)])
-    p.expected([("r", tokens, 0, CHUNK)])  # a newer batch before the thread got to the first: it replaces it
+    p.expected([("r", tokens, 0, CHUNK)])  # replaces the one before before it was staged
+    assert st.ended == [2] and p.stats.batches_superseded == 1
+    sgate.set()
+    deadline = time.monotonic() + 30
+    while len(st.calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [t for _, t in st.calls] == [1, 3] and rec.calls == []  # staged while the fetch is still stuck
+    np.testing.assert_array_equal(st.calls[1][0], chunk(tokens, 0, CHUNK))
     gate.set()
     assert p.drain(60)
-    assert len(st.calls) == 1 and p.stats.batches_superseded == 1
-    np.testing.assert_array_equal(st.calls[0], chunk(tokens, 0, CHUNK))
-    assert len(rec.calls) == 4 and p.stats.chunks_fetched == 4
+    assert len(rec.calls) == 4 and p.stats.chunks_fetched == 4 and sorted(st.ended) == [1, 2, 3]
+    p.close()
+
+
+def test_a_finished_request_drops_its_expected_batch_and_ends_its_ticket():
+    sgate = threading.Event()
+    st = Stager(sgate)
+    p = PromptPrefetcher([(HASH, Recorder(), st)], chunk_tokens=CHUNK, window=0)
+    p.expected([("a", prompt(50), 0, 50)])
+    while not p._staging:
+        pass
+    p.expected([("b", prompt(60, 1), 0, 60)])
+    p.finished("b")
+    assert st.ended == [2] and p._expected is None
+    sgate.set()
+    assert p.drain(30) and [t for _, t in st.calls] == [1] and sorted(st.ended) == [1, 2]
     p.close()
 
 
@@ -256,6 +296,7 @@ def test_a_failing_staging_is_recorded_and_fetches_go_on():
     p.scheduled("r", tokens, 0, CHUNK)
     assert p.drain(60)
     assert p.stats.errors == ["OSError: disk gone"] and p.stats.batches_staged == 0 and p.stats.chunks_fetched == 2
+    assert st.ended == [1]
     p.close()
 
 
@@ -279,7 +320,7 @@ def test_staged_rows_are_what_the_gather_delivers_without_reading(table):
     with cache(table) as c:
         g = SidecarGather(c, columns=160, is_fp8=True, capacity_rows=CHUNK * 16, device="cpu", mode="h2d",
                           output="raw")
-        p = PromptPrefetcher([(HASH, c, g.stage_ahead)], chunk_tokens=CHUNK, window=0)
+        p = PromptPrefetcher([(HASH, c, g)], chunk_tokens=CHUNK, window=0)
         p.expected([("r", tokens, CHUNK, 2 * CHUNK)])
         assert p.drain(60) and g.stats.staged_ahead == 1
         calls = c.stats["calls"]

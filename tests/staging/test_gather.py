@@ -347,3 +347,69 @@ def test_a_lookup_waits_for_a_staging_in_progress_and_uses_it(sidecar):
     looker.join(10)
     assert np.array_equal(out.numpy(), data[ids]) and src.calls == 1 and g.stats.ahead_used == 1
     g.close()
+
+
+def test_a_lookup_begun_after_its_batch_was_expected_waits_for_the_staging(sidecar):
+    """The scheduler announces the batch (expect) before its forward; the forward's lookup comes before
+    the staging thread got to it: the lookup waits for that staging and delivers the staged rows."""
+    table, data = sidecar
+    g, src = counting_gather(table)
+    ids = np.arange(300, 340)
+    ticket = g.expect()
+    out = poisoned(40, table.row_bytes)
+    looker = threading.Thread(target=g.begin, args=(torch.from_numpy(ids), out))
+    looker.start()
+    time.sleep(0.05)
+    assert looker.is_alive() and src.calls == 0  # waiting for the staging, not reading
+    assert g.stage_ahead(ids, ticket)
+    looker.join(10)
+    assert np.array_equal(out.numpy(), data[ids]) and src.calls == 1 and g.stats.ahead_used == 1
+    assert g.stats.stage_wait_s > 0
+    g.close()
+
+
+def test_a_lookup_begun_before_a_batch_was_expected_goes_first(sidecar):
+    """An overlapping scheduler announces batch N+1 while batch N's lookup is in flight: N's lookup does
+    not wait for N+1's staging, and the staging waits for N's lookup to have used the slot; N+1's lookup
+    then delivers its staged rows."""
+    table, data = sidecar
+    g, src = counting_gather(table)
+    src.gate = threading.Event()
+    ids_n, ids_next = np.arange(10, 50), np.arange(60, 100)
+    out_n = poisoned(40, table.row_bytes)
+    looker = threading.Thread(target=g.begin, args=(torch.from_numpy(ids_n), out_n))
+    looker.start()
+    while src.calls == 0:
+        time.sleep(0.001)  # lookup N is reading (blocked on the gate)
+    ticket = g.expect()
+    stager = threading.Thread(target=g.stage_ahead, args=(ids_next, ticket))
+    stager.start()
+    time.sleep(0.05)
+    assert stager.is_alive() and src.calls == 1 and g.stats.staged_ahead == 0  # waits for lookup N
+    src.gate.set()
+    looker.join(10)
+    stager.join(10)
+    assert np.array_equal(out_n.numpy(), data[ids_n]) and g.stats.staged_ahead == 1 and src.calls == 2
+    out = poisoned(40, table.row_bytes)
+    g.begin(torch.from_numpy(ids_next), out)
+    assert np.array_equal(out.numpy(), data[ids_next]) and g.stats.ahead_used == 1 and src.calls == 2
+    g.close()
+
+
+def test_an_expectation_ended_without_staging_holds_no_lookup(sidecar, monkeypatch):
+    table, data = sidecar
+    g, src = counting_gather(table)
+    g.end_expected(g.expect())  # dropped (its request finished) or superseded
+    out = poisoned(4, table.row_bytes)
+    g.begin(torch.arange(4), out)
+    assert np.array_equal(out.numpy(), data[:4]) and g.stats.stage_wait_s == 0
+    # a staging that never comes (its thread died): the lookup reads after the safety bound
+    from sglang_ssd_stream.staging import gather as gather_mod
+
+    monkeypatch.setattr(gather_mod, "STAGE_WAIT_S", 0.2)
+    g.expect()
+    out[:] = 0xAB
+    t = time.perf_counter()
+    g.begin(torch.arange(4), out)
+    assert 0.2 <= time.perf_counter() - t < 5 and np.array_equal(out.numpy(), data[:4])
+    g.close()

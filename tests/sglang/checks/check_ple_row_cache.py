@@ -323,19 +323,22 @@ def test_mixed_and_decode_batches_announce_only_prompt_tokens(env, monkeypatch):
 
 
 def test_a_slow_prefetch_never_delays_the_scheduler(env, monkeypatch):
-    """The cache's prefetch blocks for 2 s per call: prepare_for_forward still returns at once, and a finished
-    request's queued chunks are dropped (release_kv_cache, as the scheduler calls it on finish/abort)."""
+    """The cache's prefetch blocks for 2 s per call: prepare_for_forward still returns at once; the fetch
+    thread (in the first chunk) and the staging thread (in the first batch) both wait on the disk; a
+    finished request's queued chunks and expected batch are dropped (release_kv_cache, as the scheduler
+    calls it on finish/abort)."""
     from sglang.srt.mem_cache import common
 
     from sglang_ssd_stream.sglang import prefetch
 
     monkeypatch.setenv(WINDOW, "3")
     m = _load(env, monkeypatch, "64")
-    cache = m.ngram.ngram_embedding._ssd_stream.reader
-    started, release = threading.Event(), threading.Event()
+    gather = m.ngram.ngram_embedding._ssd_stream
+    cache = gather.reader
+    inside, release = threading.Semaphore(0), threading.Event()
 
     def slow(ids):
-        started.set()
+        inside.release()
         release.wait(2.0)
 
     monkeypatch.setattr(cache, "prefetch", slow)
@@ -345,12 +348,12 @@ def test_a_slow_prefetch_never_delays_the_scheduler(env, monkeypatch):
     t = time.perf_counter()
     batch = _batch("EXTEND", [req], [0], [32])
     assert mgr.prepare_for_forward(batch, chunked_req=req) is batch
-    assert started.wait(10)  # the background thread is inside the slow read now (staging the batch's rows)
+    assert inside.acquire(timeout=10) and inside.acquire(timeout=10)  # both threads are inside the slow read now
     for start in (32, 64):
         mgr.prepare_for_forward(_batch("EXTEND", [req], [start], [32]), chunked_req=req)
     took = time.perf_counter() - t
     assert took < 1.0, took  # never waited for the 2 s read
-    assert pf.pending_chunks == 4  # [0,32) [32,64) [64,96) [96,128) queued behind the staging being read
+    assert pf.pending_chunks == 3  # [32,64) [64,96) [96,128) queued behind the chunk being read
     assert pf.stats.batches_superseded == 1  # the batch at 32 was replaced by the batch at 64 before staging
 
     class _Tree:  # release_kv_cache's tree: the request holds no KV and no Mamba slot (the early-return path)
@@ -359,10 +362,10 @@ def test_a_slow_prefetch_never_delays_the_scheduler(env, monkeypatch):
 
     assert not req.kv.holds_kv and not req.kv.holds_mamba and req.kv.is_kv_released  # a fresh Req
     common.release_kv_cache(req, _Tree(), checkpoint=False)  # the real function, through our AROUND hook
-    assert pf.pending_chunks == 0 and pf.stats.chunks_dropped == 4
-    assert pf._expected is None  # the expected batch of the finished request is dropped too
+    assert pf.pending_chunks == 0 and pf.stats.chunks_dropped == 3
+    assert pf._expected is None and gather._staged_to == 3  # the batch at 64 is dropped, its ticket ended
     release.set()
-    assert pf.drain(10) and pf.stats.chunks_fetched == 0 and pf.stats.batches_staged == 1
+    assert pf.drain(10) and pf.stats.chunks_fetched == 1 and pf.stats.batches_staged == 1
 
 
 def _sglang_ids(env, emb, prompt: list[int], a: int, b: int) -> torch.Tensor:

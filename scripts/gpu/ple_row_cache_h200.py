@@ -23,9 +23,10 @@ Measured (all in one JSON):
   without PLE; next to it the chunk's disk reads and what the measured fio IOPS need for them.
 - ``warm_prefill``: a 2,048-token chunk whose rows are cached, beside one ``--prefill-layer-ms``
   layer: exposed vs the layer (target ≤ 10 %) and vs sglang's in-RAM gather in the same protocol.
-  Run the whole command 3 times for the 3-run target. ``warm_variants``: the same per delivery
-  variant of the gather (``WARM_VARIANTS``: lookup pieces, a highest-priority delivery stream),
-  ``--warm-rounds`` rounds interleaved, with the delivery alone timed beside the host read.
+  Run the whole command 3 times for the 3-run target. The chunk runs in a forward's shape
+  (``--ple-layer`` − 1 layers, then the lookup beside the next); ``warm_prefill_staged``: the same with
+  the chunk announced to the prompt-ahead prefetcher as the forward starts (the scheduler's
+  ``expected``), so its rows are staged ahead while the first layers run.
 - ``decode_graphs``: captured lookups of 16 … 1,024 rows beside a ``--decode-layer-ms`` layer
   (target exposed ≤ 0.03 ms), main thread waiting and sleeping.
 - ``memory``: RSS growth + the table's page-cache pages (``mincore``) after 8,192-token-chunk
@@ -49,7 +50,6 @@ Usage (GPU box; ``build/gpu/qwen4_exp.py`` a copy of sglang's, ``.gpu/vllm-src/f
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -70,14 +70,11 @@ from sglang_ssd_stream.sidecar.ngram import qwen38_flash_next  # noqa: E402
 from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
 from sglang_ssd_stream.sidecar.row_cache import RowCache, captured_read  # noqa: E402
-from sglang_ssd_stream.staging.gather import PIECE_ROWS, SidecarGather  # noqa: E402
+from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 
 COLS = 160
 MIB = 1 << 20
 ROWS_PER_TOKEN = 16
-# warm delivery variants (piece_rows, highest-priority delivery stream): the lookup in one piece, the
-# default pieces, smaller and larger pieces, and the priority stream with and without pieces
-WARM_VARIANTS = ((0, False), (PIECE_ROWS, False), (4096, False), (16384, False), (PIECE_ROWS, True), (0, True))
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -215,11 +212,10 @@ def check_bitexact(kernel, tables: dict, args, device: str) -> list[dict]:
         pinned = host_table(path, rows, dtype, device)
         lo, hi = rows // 4, rows - rows // 8  # this "rank" owns the middle; the rest must come back zero
         sizes = [n for n in (1, 256, args.bitexact_rows) if n <= args.bitexact_rows]
-        for mode in (("uva", "h2d", "h2d+priority") if cuda else ("uva",)):
+        for mode in (("uva", "h2d") if cuda else ("uva",)):
             cache = row_cache(path, rows, dtype, args.budget_mib, lo=lo, hi=hi, max_rows=max(sizes),
                               workers=args.workers, registered=cuda)
-            g = gather_of(cache, dtype, device, mode=mode.split("+")[0], capacity_rows=max(sizes),
-                          graph_rows=max(sizes) if cuda else 0, delivery_priority=mode.endswith("+priority"))
+            g = gather_of(cache, dtype, device, mode=mode, capacity_rows=max(sizes), graph_rows=max(sizes) if cuda else 0)
             rng = np.random.default_rng(7)
             for n in sizes:
                 ids = torch.from_numpy(rng.integers(0, rows, n)).to(device)
@@ -228,10 +224,14 @@ def check_bitexact(kernel, tables: dict, args, device: str) -> list[dict]:
                     ids[8] = ids[5]
                 ref = reference(kernel, pinned, ids, lo, hi, device)
                 row = {"dtype": dtype, "mode": mode, "rows": n}
-                for phase in ("miss", "hit"):  # the second pass is served from the cache
+                for phase in ("miss", "hit", "staged"):  # served from disk, from the cache, from rows staged ahead
+                    if phase == "staged":
+                        used = g.stats.ahead_used
+                        g.stage_ahead(ids.cpu().numpy())
                     out = torch.full((n, COLS), 7.0, dtype=torch.bfloat16, device=device)
                     lookup(g, ids, out, side)
                     row[f"eager_{phase}_bitexact"] = torch.equal(out.view(torch.int16), ref.view(torch.int16))
+                row["eager_staged_bitexact"] &= g.stats.ahead_used == used + 1  # delivered, not read again
                 if cuda:
                     row["captured_bitexact"] = captured_check(g, kernel, pinned, rows, lo, hi, n)
                 results.append(row)
@@ -361,16 +361,29 @@ def cold_prefill(path: Path, rows: int, tokens: np.ndarray, args, device: str, i
 # ----------------------------------------------------------------------------- warm prefill and decode
 
 
+class FoldedStager:
+    """The gather as the prefetcher's stager, with ids folded into the test table like ``Folded``'s."""
+
+    def __init__(self, gather: SidecarGather, rows: int):
+        self.gather, self.rows = gather, rows
+        self.expect, self.end_expected = gather.expect, gather.end_expected
+
+    def stage_ahead(self, ids, ticket):
+        return self.gather.stage_ahead(np.asarray(ids) % self.rows, ticket)
+
+
 def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device: str, workers: int, *,
-                 piece_rows: int = PIECE_ROWS, priority: bool = False) -> dict:
-    """``workers`` 1: the cache copies hits on one thread (its parallel pass needs 2 or more);
-    ``piece_rows``, ``priority``: the gather's (0: the lookup in one piece)."""
+                 staged: bool = False) -> dict:
+    """A cached chunk in a forward's shape: ``--ple-layer`` − 1 layers, then the lookup begun beside the
+    layer before the PLE layer (sglang's ``start_prefetch``), against the same layers without PLE.
+    ``staged``: the chunk is announced to the prompt-ahead prefetcher when the forward starts (the
+    scheduler's ``expected``), so its rows are staged ahead while the first layers run. ``workers`` 1:
+    the cache copies hits on one thread (its parallel pass needs 2 or more)."""
     h = qwen38_flash_next()
     n = args.chunk_tokens * ROWS_PER_TOKEN
     cache = row_cache(path, rows, "float8_e4m3fn", args.budget_mib, max_rows=n, workers=workers,
                       registered=device == "cuda")
-    g = gather_of(cache, "float8_e4m3fn", device, mode="h2d", capacity_rows=n, graph_rows=0, piece_rows=piece_rows,
-                  delivery_priority=priority)
+    g = gather_of(cache, "float8_e4m3fn", device, mode="h2d", capacity_rows=n, graph_rows=0)
     ids_np = chunk_ids(h, tokens, 0, args.chunk_tokens, rows)
     cache.prefetch(ids_np)  # warm: every row of the chunk cached
     ids = torch.from_numpy(ids_np).to(device)
@@ -378,6 +391,9 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
     side = torch.cuda.Stream() if device == "cuda" else None
     layer, real_ms = layer_fn(args.prefill_layer_ms, device)
     pinned = host_table(path, rows, "float8_e4m3fn", device) if device == "cuda" else None
+    pf = PromptPrefetcher([(h, Folded(cache, rows), FoldedStager(g, rows))], chunk_tokens=args.chunk_tokens,
+                          window=0) if staged else None
+    first = max(args.ple_layer - 1, 0)  # layers before the one beside which the lookup runs
 
     def timed(fn) -> float:
         samples = []
@@ -389,54 +405,65 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
             samples.append((time.perf_counter() - t) * 1e3)
         return statistics.median(samples)
 
-    def with_cache():
+    def forward(lookup_fn=None):
+        if lookup_fn is not None and pf is not None:
+            pf.expected([("prompt", tokens, 0, args.chunk_tokens)])  # the scheduler, before the forward
+        for _ in range(first):
+            layer()
+        if lookup_fn is None:
+            layer()
+            return
         if side is not None:
             side.wait_stream(torch.cuda.current_stream())
-        g.begin(ids, out, side)
+        finish = lookup_fn()
         layer()
-        g.wait()
+        finish()
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
 
+    def with_cache():
+        g.begin(ids, out, side)
+        return g.wait
+
     def with_sglang():
-        side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             reference(kernel, pinned, ids, 0, rows, device)
-        layer()
-        torch.cuda.current_stream().wait_stream(side)
+        return lambda: None
 
     host_out = np.empty((n, cache.row_bytes), np.uint8)
     before = cache.stats
-    def delivery_alone():  # the staged rows' H2D copy + BF16 conversion, as the lookup enqueues them
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            g._deliver(g.rows_host[:n], g.rows_device, out)
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)
-
-    res = {"rows": n, "workers": workers, "piece_rows": piece_rows, "delivery_priority": priority,
-           "layer_ms": real_ms, "layer_only_ms": timed(layer),
-           # where the exposure comes from: the host read alone, the delivery alone, the whole lookup
-           # without a layer beside it
+    res = {"rows": n, "workers": workers, "staged": staged, "layers_before_lookup": first,
+           "layer_ms": real_ms, "layer_only_ms": timed(layer), "forward_only_ms": timed(forward),
+           # where the exposure comes from: the host read alone, the whole lookup without a layer beside it
            "host_read_ms": timed(lambda: cache.read_rows(ids_np, host_out)),
-           "delivery_alone_ms": timed(delivery_alone),
            "lookup_alone_ms": timed(lambda: lookup(g, ids, out, side))}
     g.stats = type(g.stats)()
-    res["row_cache_ms"] = timed(with_cache)
+    res["row_cache_ms"] = timed(lambda: forward(with_cache))
+    if pf is not None:
+        pf.drain(60)
     res["beside_layer_read_ms"] = g.stats.read_s / max(g.stats.lookups, 1) * 1e3
     res["beside_layer_ids_wait_ms"] = g.stats.ids_wait_s / max(g.stats.lookups, 1) * 1e3
+    res["lookups"], res["staged_ahead"], res["ahead_used"] = g.stats.lookups, g.stats.staged_ahead, g.stats.ahead_used
+    res["stage_wait_ms"] = g.stats.stage_wait_s / max(g.stats.lookups, 1) * 1e3  # lookups waiting for their staging
+    if pf is not None:
+        res["staging_ms"] = pf.stats.seconds_busy / max(pf.stats.batches_staged, 1) * 1e3  # hash + stage, per batch
+        res["prefetch_errors"] = pf.stats.errors
+        pf.close()
     after = cache.stats
     res["rows_read_during_warm"] = int(after["rows_read"] - before["rows_read"])  # must be 0: all hits
     res["parallel_passes"] = int(after["parallel_passes"] - before["parallel_passes"])
-    res["row_cache_exposed_ms"] = max(0.0, res["row_cache_ms"] - res["layer_only_ms"])
+    res["row_cache_exposed_ms"] = max(0.0, res["row_cache_ms"] - res["forward_only_ms"])
     res["row_cache_exposed_vs_layer"] = res["row_cache_exposed_ms"] / res["layer_only_ms"]
     if pinned is not None:
-        res["sglang_in_ram_ms"] = timed(with_sglang)
-        res["sglang_in_ram_exposed_ms"] = max(0.0, res["sglang_in_ram_ms"] - res["layer_only_ms"])
+        res["sglang_in_ram_ms"] = timed(lambda: forward(with_sglang))
+        res["sglang_in_ram_exposed_ms"] = max(0.0, res["sglang_in_ram_ms"] - res["forward_only_ms"])
     g.close()
-    print(f"warm prefill ({workers} workers, pieces of {piece_rows or n} rows, priority {priority}): exposed {res['row_cache_exposed_ms']:.3f} ms of a "
-          f"{res['layer_only_ms']:.3f} ms layer; host read alone {res['host_read_ms']:.3f} ms, lookup alone "
-          f"{res['lookup_alone_ms']:.3f} ms, delivery alone {res['delivery_alone_ms']:.3f} ms, read beside the layer "
-          f"{res['beside_layer_read_ms']:.3f} ms", flush=True)
+    print(f"warm prefill ({workers} workers{', staged ahead' if staged else ''}): exposed "
+          f"{res['row_cache_exposed_ms']:.3f} ms of a {res['layer_only_ms']:.3f} ms layer "
+          f"({res['ahead_used']} of {res['lookups']} lookups from staged rows); host read alone "
+          f"{res['host_read_ms']:.3f} ms, lookup alone {res['lookup_alone_ms']:.3f} ms, read beside the layer "
+          f"{res['beside_layer_read_ms']:.3f} ms; sglang in RAM exposed {res.get('sglang_in_ram_exposed_ms', 0):.3f} ms",
+          flush=True)
     return res
 
 
@@ -585,7 +612,6 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--fio", help="a fio binary (scripts/gpu/build_static_fio.sh)")
     ap.add_argument("--fio-seconds", type=float, default=10)
-    ap.add_argument("--warm-rounds", type=int, default=3, help="rounds of the warm delivery variants")
     ap.add_argument("--only-warm", action="store_true", help="fio and the warm-prefill sections only (a rerun)")
     ap.add_argument("--cpu-smoke", action="store_true", help="no GPU: the CPU parts only, tiny sizes (tests)")
     ap.add_argument("--out", required=True)
@@ -624,10 +650,7 @@ def main(argv=None) -> int:
         res["cold_prefill"] = cold_prefill(big, big_rows, tokens, args, device, iops)
     res["warm_prefill"] = warm_prefill(kernel, big, big_rows, tokens, args, device, args.workers)
     res["warm_prefill_one_copy_thread"] = warm_prefill(kernel, big, big_rows, tokens, args, device, 1)
-    # the delivery variants, interleaved round by round so a drift of the box hits all of them alike
-    res["warm_variants"] = [warm_prefill(kernel, big, big_rows, tokens, args, device, args.workers, piece_rows=pr,
-                                         priority=prio) | {"round": r}
-                            for r in range(args.warm_rounds) for pr, prio in WARM_VARIANTS]
+    res["warm_prefill_staged"] = warm_prefill(kernel, big, big_rows, tokens, args, device, args.workers, staged=True)
     if args.only_warm:
         res["seconds"] = round(time.perf_counter() - t0, 1)
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

@@ -32,8 +32,7 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     cmd = [sys.executable, str(SCRIPT), "--cpu-smoke", "--qwen4-exp", str(_sglang_qwen4_exp()), "--dir", str(tmp_path / "d"),
            "--table-gib", "0.01", "--bitexact-mib", "1", "--bitexact-rows", "64", "--budget-mib", "64",
            "--chunk-tokens", "16", "--chunks", "3", "--layers", "4", "--ple-layer", "2", "--layer-ms", "1",
-           "--windows", "0", "1", "--memory-chunk-tokens", "64", "--memory-chunks", "2", "--reps", "2", "--warm-rounds", "2",
-           "--out", str(out)]
+           "--windows", "0", "1", "--memory-chunk-tokens", "64", "--memory-chunks", "2", "--reps", "2", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -41,7 +40,7 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     assert res["device"] == "cpu" and res["all_bitexact"] is True
     assert {(b["dtype"], b["rows"]) for b in res["bitexact"]} == {(d, n) for d in ("float8_e4m3fn", "bfloat16")
                                                                   for n in (1, 64)}
-    assert all(b["eager_miss_bitexact"] and b["eager_hit_bitexact"] for b in res["bitexact"])
+    assert all(b["eager_miss_bitexact"] and b["eager_hit_bitexact"] and b["eager_staged_bitexact"] for b in res["bitexact"])
     configs = [c["config"] for c in res["cold_prefill"]]
     assert configs == ["none", "window0", "window1"]
     none, w0, w1 = res["cold_prefill"]
@@ -51,11 +50,10 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     one = res["warm_prefill_one_copy_thread"]
     assert one["workers"] == 1 and one["rows_read_during_warm"] == 0 and one["parallel_passes"] == 0
     assert one["host_read_ms"] > 0 and one["lookup_alone_ms"] > 0
-    variants = res["warm_variants"]  # every delivery variant, round by round, all hits
-    assert [(v["round"], v["piece_rows"], v["delivery_priority"]) for v in variants] == [
-        (r, pr, prio) for r in range(2) for pr, prio in ((0, False), (8192, False), (4096, False), (16384, False),
-                                                         (8192, True), (0, True))]
-    assert all(v["rows_read_during_warm"] == 0 and v["delivery_alone_ms"] > 0 for v in variants)
+    staged = res["warm_prefill_staged"]  # announced as the forward starts: every lookup delivered from staged rows
+    assert staged["staged"] and staged["layers_before_lookup"] == 1 and staged["rows_read_during_warm"] == 0
+    assert staged["lookups"] == 2 and staged["ahead_used"] == 2 and staged["prefetch_errors"] == []
+    assert res["warm_prefill"]["ahead_used"] == 0  # the plain run reads every lookup
     mem = res["memory"]
     assert mem["within_limit"] and mem["table_page_cache_bytes"] == 0  # O_DIRECT misses: no page cache
     assert mem["cache_working_set_bytes"] <= mem["budget_bytes"]

@@ -24,9 +24,8 @@ Measured (all in one JSON):
 - ``warm_prefill``: a 2,048-token chunk whose rows are cached, beside one ``--prefill-layer-ms``
   layer: exposed vs the layer (target ≤ 10 %) and vs sglang's in-RAM gather in the same protocol.
   Run the whole command 3 times for the 3-run target. The chunk runs in a forward's shape
-  (``--ple-layer`` − 1 layers, then the lookup beside the next); ``warm_prefill_staged``: the same with
-  the chunk announced to the prompt-ahead prefetcher as the forward starts (the scheduler's
-  ``expected``), so its rows are staged ahead while the first layers run.
+  (``--ple-layer`` − 1 layers, then the lookup beside the next, so the CPU runs ahead of the GPU as
+  in a forward; ``--ple-layer 1``: the lookup begins with nothing queued before it).
 - ``decode_graphs``: captured lookups of 16 … 1,024 rows beside a ``--decode-layer-ms`` layer
   (target exposed ≤ 0.03 ms), main thread waiting and sleeping.
 - ``memory``: RSS growth + the table's page-cache pages (``mincore``) after 8,192-token-chunk
@@ -224,14 +223,10 @@ def check_bitexact(kernel, tables: dict, args, device: str) -> list[dict]:
                     ids[8] = ids[5]
                 ref = reference(kernel, pinned, ids, lo, hi, device)
                 row = {"dtype": dtype, "mode": mode, "rows": n}
-                for phase in ("miss", "hit", "staged"):  # served from disk, from the cache, from rows staged ahead
-                    if phase == "staged":
-                        used = g.stats.ahead_used
-                        g.stage_ahead(ids.cpu().numpy())
+                for phase in ("miss", "hit"):  # the second pass is served from the cache
                     out = torch.full((n, COLS), 7.0, dtype=torch.bfloat16, device=device)
                     lookup(g, ids, out, side)
                     row[f"eager_{phase}_bitexact"] = torch.equal(out.view(torch.int16), ref.view(torch.int16))
-                row["eager_staged_bitexact"] &= g.stats.ahead_used == used + 1  # delivered, not read again
                 if cuda:
                     row["captured_bitexact"] = captured_check(g, kernel, pinned, rows, lo, hi, n)
                 results.append(row)
@@ -361,24 +356,12 @@ def cold_prefill(path: Path, rows: int, tokens: np.ndarray, args, device: str, i
 # ----------------------------------------------------------------------------- warm prefill and decode
 
 
-class FoldedStager:
-    """The gather as the prefetcher's stager, with ids folded into the test table like ``Folded``'s."""
-
-    def __init__(self, gather: SidecarGather, rows: int):
-        self.gather, self.rows = gather, rows
-        self.expect, self.end_expected = gather.expect, gather.end_expected
-
-    def stage_ahead(self, ids, ticket):
-        return self.gather.stage_ahead(np.asarray(ids) % self.rows, ticket)
-
-
-def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device: str, workers: int, *,
-                 staged: bool = False) -> dict:
+def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device: str, workers: int) -> dict:
     """A cached chunk in a forward's shape: ``--ple-layer`` − 1 layers, then the lookup begun beside the
-    layer before the PLE layer (sglang's ``start_prefetch``), against the same layers without PLE.
-    ``staged``: the chunk is announced to the prompt-ahead prefetcher when the forward starts (the
-    scheduler's ``expected``), so its rows are staged ahead while the first layers run. ``workers`` 1:
-    the cache copies hits on one thread (its parallel pass needs 2 or more)."""
+    layer before the PLE layer (sglang's ``start_prefetch``), against the same layers without PLE: the
+    CPU launches ahead of the GPU as in a forward (``--ple-layer 1``: the lookup begins with nothing
+    queued before it). ``workers`` 1: the cache copies hits on one thread (its parallel pass needs 2 or
+    more)."""
     h = qwen38_flash_next()
     n = args.chunk_tokens * ROWS_PER_TOKEN
     cache = row_cache(path, rows, "float8_e4m3fn", args.budget_mib, max_rows=n, workers=workers,
@@ -391,8 +374,6 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
     side = torch.cuda.Stream() if device == "cuda" else None
     layer, real_ms = layer_fn(args.prefill_layer_ms, device)
     pinned = host_table(path, rows, "float8_e4m3fn", device) if device == "cuda" else None
-    pf = PromptPrefetcher([(h, Folded(cache, rows), FoldedStager(g, rows))], chunk_tokens=args.chunk_tokens,
-                          window=0) if staged else None
     first = max(args.ple_layer - 1, 0)  # layers before the one beside which the lookup runs
 
     def timed(fn) -> float:
@@ -406,8 +387,6 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
         return statistics.median(samples)
 
     def forward(lookup_fn=None):
-        if lookup_fn is not None and pf is not None:
-            pf.expected([("prompt", tokens, 0, args.chunk_tokens)])  # the scheduler, before the forward
         for _ in range(first):
             layer()
         if lookup_fn is None:
@@ -432,23 +411,16 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
 
     host_out = np.empty((n, cache.row_bytes), np.uint8)
     before = cache.stats
-    res = {"rows": n, "workers": workers, "staged": staged, "layers_before_lookup": first,
+    res = {"rows": n, "workers": workers, "layers_before_lookup": first,
            "layer_ms": real_ms, "layer_only_ms": timed(layer), "forward_only_ms": timed(forward),
            # where the exposure comes from: the host read alone, the whole lookup without a layer beside it
            "host_read_ms": timed(lambda: cache.read_rows(ids_np, host_out)),
            "lookup_alone_ms": timed(lambda: lookup(g, ids, out, side))}
     g.stats = type(g.stats)()
     res["row_cache_ms"] = timed(lambda: forward(with_cache))
-    if pf is not None:
-        pf.drain(60)
     res["beside_layer_read_ms"] = g.stats.read_s / max(g.stats.lookups, 1) * 1e3
     res["beside_layer_ids_wait_ms"] = g.stats.ids_wait_s / max(g.stats.lookups, 1) * 1e3
-    res["lookups"], res["staged_ahead"], res["ahead_used"] = g.stats.lookups, g.stats.staged_ahead, g.stats.ahead_used
-    res["stage_wait_ms"] = g.stats.stage_wait_s / max(g.stats.lookups, 1) * 1e3  # lookups waiting for their staging
-    if pf is not None:
-        res["staging_ms"] = pf.stats.seconds_busy / max(pf.stats.batches_staged, 1) * 1e3  # hash + stage, per batch
-        res["prefetch_errors"] = pf.stats.errors
-        pf.close()
+    res["lookups"] = g.stats.lookups
     after = cache.stats
     res["rows_read_during_warm"] = int(after["rows_read"] - before["rows_read"])  # must be 0: all hits
     res["parallel_passes"] = int(after["parallel_passes"] - before["parallel_passes"])
@@ -458,9 +430,8 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
         res["sglang_in_ram_ms"] = timed(lambda: forward(with_sglang))
         res["sglang_in_ram_exposed_ms"] = max(0.0, res["sglang_in_ram_ms"] - res["forward_only_ms"])
     g.close()
-    print(f"warm prefill ({workers} workers{', staged ahead' if staged else ''}): exposed "
-          f"{res['row_cache_exposed_ms']:.3f} ms of a {res['layer_only_ms']:.3f} ms layer "
-          f"({res['ahead_used']} of {res['lookups']} lookups from staged rows); host read alone "
+    print(f"warm prefill ({workers} workers, lookup after {first} layers): exposed "
+          f"{res['row_cache_exposed_ms']:.3f} ms of a {res['layer_only_ms']:.3f} ms layer; host read alone "
           f"{res['host_read_ms']:.3f} ms, lookup alone {res['lookup_alone_ms']:.3f} ms, read beside the layer "
           f"{res['beside_layer_read_ms']:.3f} ms; sglang in RAM exposed {res.get('sglang_in_ram_exposed_ms', 0):.3f} ms",
           flush=True)
@@ -650,7 +621,6 @@ def main(argv=None) -> int:
         res["cold_prefill"] = cold_prefill(big, big_rows, tokens, args, device, iops)
     res["warm_prefill"] = warm_prefill(kernel, big, big_rows, tokens, args, device, args.workers)
     res["warm_prefill_one_copy_thread"] = warm_prefill(kernel, big, big_rows, tokens, args, device, 1)
-    res["warm_prefill_staged"] = warm_prefill(kernel, big, big_rows, tokens, args, device, args.workers, staged=True)
     if args.only_warm:
         res["seconds"] = round(time.perf_counter() - t0, 1)
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

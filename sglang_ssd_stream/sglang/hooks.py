@@ -435,9 +435,8 @@ def around_load_weights(original, self, weights, *args, **kwargs):
 
 def start_prefetch(model, bound: dict):
     """One prompt-ahead prefetcher over the row caches of ``model`` (none with the cache off), reachable
-    from the scheduler hooks of this process (:mod:`.prefetch`); it also stages each scheduled prefill
-    batch's rows ahead in every layer's gather. The hashes come from the loaded modules' buffers (a
-    checkpoint may override them), after ``load_weights`` filled them."""
+    from the scheduler hooks of this process (:mod:`.prefetch`). The hashes come from the loaded
+    modules' buffers (a checkpoint may override them), after ``load_weights`` filled them."""
     if not config.row_cache_mb():
         return None
     from sglang.srt.models.qwen4_exp import Qwen4ExpNGramEmbedding
@@ -450,11 +449,10 @@ def start_prefetch(model, bound: dict):
     for _, mod in model.named_modules():
         if isinstance(mod, Qwen4ExpNGramEmbedding) and mod.ngram_embedding in bound.values():
             h = NGramHash.from_module(mod, rows=mod.ngram_embedding.org_vocab_size)
-            gather = mod.ngram_embedding._ssd_stream
-            layers.append((mod.ngram_embedding._ssd_stream_layer, h, gather.reader, gather))
+            layers.append((mod.ngram_embedding._ssd_stream_layer, h, mod.ngram_embedding._ssd_stream.reader))
     layers.sort(key=lambda x: x[0])  # forward order
     chunk, window = config.chunk_tokens(), config.prefetch_chunks()
-    prefetcher = PromptPrefetcher([entry[1:] for entry in layers], chunk_tokens=chunk, window=window)
+    prefetcher = PromptPrefetcher([(h, cache) for _, h, cache in layers], chunk_tokens=chunk, window=window)
     prefetch.register(model, prefetcher)
     log.info("PLE prompt-ahead prefetch: %d layer(s), %d chunk(s) of %d tokens ahead (%s)", len(layers), window,
              chunk, config.PREFETCH_ENV)

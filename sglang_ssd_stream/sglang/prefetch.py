@@ -11,11 +11,6 @@ AROUND hooks of the same process use it:
   MIXED batch it announces, per request, the prompt tokens this step computes:
   ``scheduled(rid, origin_input_ids, prefix_len, prefix_len + extend_len)``. The prefetcher only records
   them and wakes its thread (hashing and disk reads happen there): the scheduler never waits on a read.
-  For an EXTEND batch (prompt tokens only) it also hands the prefetcher the whole batch,
-  ``expected([(rid, origin_input_ids, prefix_len, prefix_len + extend_len), ...])`` in the batch's
-  order: the forward's PLE lookup ids are those tokens' ids in that order, so the prefetcher stages
-  them ahead in each layer's gather (``SidecarGather.stage_ahead``), and the forward only verifies
-  and delivers them.
 - ``mem_cache.common.release_kv_cache(req, ...)``: every finished, aborted or retracted request gives its
   KV row back through it; ``finished(rid)`` drops the chunks still queued for it. (A retracted request
   that comes back is announced again from where it restarts.) The prefetcher also forgets the oldest of
@@ -80,18 +75,14 @@ def announce(batch, prefetchers) -> int:
     mode = getattr(getattr(batch, "forward_mode", None), "name", None)
     if mode not in PREFILL_MODES:
         return 0
-    n, parts = 0, []
+    n = 0
     for req, start, extend in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
         prompt = req.origin_input_ids
         if start >= len(prompt):  # a decode request of a MIXED batch: no prompt tokens left
             continue
         for p in prefetchers:
             p.scheduled(req.rid, prompt, start, start + extend)
-        parts.append((req.rid, prompt, start, start + extend))
         n += 1
-    if mode == "EXTEND" and n == len(batch.reqs) and all(b <= len(t) for _, t, _, b in parts):
-        for p in prefetchers:  # the forward computes exactly these tokens, in this order
-            p.expected(parts)
     return n
 
 
@@ -126,7 +117,6 @@ def activity_line(prefetcher) -> str:
     """What the prefetcher did and what its caches saw, for the log."""
     s = prefetcher.stats
     caches = [c for _, c in prefetcher.layers]
-    staged = [gather.stats for _, gather in prefetcher.stagers]
     totals: dict[str, int] = {}
     for c in caches:
         for k, v in c.stats.items():
@@ -137,9 +127,7 @@ def activity_line(prefetcher) -> str:
             f"row caches over {len(caches)} layer(s): {totals.get('prefetch_rows', 0)} rows prefetched, "
             f"{totals.get('hits', 0)} of {totals.get('lookups', 0)} lookups hit "
             f"({totals.get('hits', 0) / lookups:.1%}), {totals.get('prefetch_hits', 0)} on prefetched rows, "
-            f"{totals.get('rows_read', 0)} rows read from disk; {s.batches_staged} batch(es) staged ahead "
-            f"({s.batches_superseded} superseded), {sum(g.ahead_used for g in staged)} lookup(s) delivered from "
-            f"staged rows, {sum(g.ahead_unused for g in staged)} staged set(s) unused"
+            f"{totals.get('rows_read', 0)} rows read from disk"
             + (f"; errors: {s.errors}" if s.errors else ""))
 
 

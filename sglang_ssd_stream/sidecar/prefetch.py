@@ -15,12 +15,6 @@ scheduled, hashes each chunk's tokens for every PLE layer (numpy) and calls that
 being computed are fetched per request, so the window bounds both the disk work queued ahead and
 the rows it pins in the cache.
 
-Staged ahead: when the scheduler also knows the exact prompt tokens of the batch it launches next
-(:meth:`PromptPrefetcher.expected`), it takes a ticket from each layer's stager (``expect()``, before
-the forward begins), and a second thread, never queued behind chunk fetches, hashes the tokens in the
-forward's order and hands each layer's ids to ``stage_ahead(ids, ticket)`` (a
-``staging.SidecarGather``): the forward's lookup finds its rows in its staging slot and only delivers.
-
 Imports only the standard library and numpy (no engine, no torch).
 """
 
@@ -74,8 +68,6 @@ class PrefetchStats:
     chunks_fetched: int = 0
     chunks_dropped: int = 0  # the request finished before its chunk was fetched
     tokens_fetched: int = 0
-    batches_staged: int = 0  # expected() batches whose rows were staged in every layer that stages
-    batches_superseded: int = 0  # expected() batches replaced by a newer one before the thread got to them
     seconds_busy: float = 0.0
     errors: list = field(default_factory=list)
 
@@ -84,11 +76,9 @@ class PromptPrefetcher:
     """Reads the rows of upcoming prefill chunks into the row caches, in order, in the background.
 
     Args:
-        layers: ``(hash, cache)`` or ``(hash, cache, stager)`` per PLE layer, in forward order: the
-            layer's :class:`NGramHash` (``NGramHash.from_module`` of the loaded module), its row source
-            with a ``prefetch(ids)`` method (a :class:`~.row_cache.RowCache`), and optionally its stager
-            for :meth:`expected` (``expect()``, ``stage_ahead(ids, ticket)``, ``end_expected(ticket)``:
-            a ``staging.SidecarGather``).
+        layers: ``(hash, cache)`` per PLE layer, in forward order: the layer's :class:`NGramHash`
+            (``NGramHash.from_buffers`` of the loaded module) and its row source with a
+            ``prefetch(ids)`` method (a :class:`~.row_cache.RowCache`).
         chunk_tokens: the prefill chunk size (sglang ``--chunked-prefill-size``, vLLM
             ``--max-num-batched-tokens``).
         window: chunks fetched beyond the chunk being computed (0: only the chunk being scheduled).
@@ -99,11 +89,8 @@ class PromptPrefetcher:
             raise ValueError("prompt-ahead prefetch needs at least one PLE layer")
         if chunk_tokens < 1 or not 0 <= window <= MAX_WINDOW:
             raise ValueError(f"chunk_tokens ({chunk_tokens}) must be >= 1 and window ({window}) in 0..{MAX_WINDOW}")
-        self.layers = [(entry[0], entry[1]) for entry in layers]
-        self.stagers = [(entry[0], entry[2]) for entry in layers if len(entry) > 2 and entry[2] is not None]
-        self.chunk_tokens, self.window = int(chunk_tokens), int(window)
-        self._expected: tuple | None = None  # (parts, tickets) of the next forward, to stage (latest only)
-        self._staging = False
+        self.layers, self.chunk_tokens, self.window = list(layers), int(chunk_tokens), int(window)
+        self._context = max(h.ngram_size - 1 for h, _ in self.layers)
         self._reqs: OrderedDict[Hashable, _Request] = OrderedDict()
         self._queue: deque[tuple[Hashable, _Request, int, int]] = deque()
         self._cond = threading.Condition()
@@ -112,10 +99,6 @@ class PromptPrefetcher:
         self.stats = PrefetchStats()
         self._thread = threading.Thread(target=self._run, name="ple-prompt-prefetch", daemon=True)
         self._thread.start()
-        self._stage_thread = None
-        if self.stagers:
-            self._stage_thread = threading.Thread(target=self._run_stagings, name="ple-stage-ahead", daemon=True)
-            self._stage_thread.start()
 
     # ------------------------------------------------------------------ called by the scheduler
 
@@ -146,92 +129,15 @@ class PromptPrefetcher:
                 self._queue.append((key, req, a, b))
                 self.stats.chunks_queued += 1
                 req.fetched_to = b
-            self._cond.notify_all()  # two threads (fetch, staging) and drain() wait on it
-
-    def expected(self, parts: Sequence[tuple[Hashable, Sequence[int], int, int]]) -> None:
-        """The engine's next forward computes exactly these prompt tokens, in this order:
-        ``(key, tokens, start, end)`` per request; call it before that forward begins. Each stager's
-        layer gets the ids of ``tokens[start:end]`` of every part, concatenated, on the staging thread
-        (an older expectation not yet staged is superseded: its forward has run). Returns at once."""
-        if not self.stagers:
-            return
-        parts = [(k, t, max(0, int(a)), min(len(t), int(b))) for k, t, a, b in parts]
-        with self._cond:
-            if self._closed:
-                return
-            tickets = [stager.expect() for _, stager in self.stagers]
-            old, self._expected = self._expected, (parts, tickets)
-            if old is not None:
-                self.stats.batches_superseded += 1
-            self._cond.notify_all()
-        if old is not None:
-            self._end(old[1])
-
-    def _end(self, tickets) -> None:
-        for (_, stager), ticket in zip(self.stagers, tickets, strict=True):
-            stager.end_expected(ticket)
-
-    def _ids_of(self, h: NGramHash, tokens: Sequence[int], a: int, b: int) -> np.ndarray:
-        """Row ids of tokens ``[a, b)`` of a prompt (history before ``a`` from the prompt; EOS before its start)."""
-        ctx = h.ngram_size - 1
-        lo = max(0, a - ctx)
-        seg = np.asarray(tokens[lo:b], dtype=np.int64)  # a slice: the GIL for ~chunk ints
-        before = seg[:a - lo]
-        hist = np.concatenate([np.full(ctx - before.size, h.eos_token_id, np.int64), before])
-        return h.ids(seg[a - lo:], hist).reshape(-1)
-
-    def _stage(self, parts, tickets) -> None:
-        """Each stager's ids of ``parts``, staged with its ticket (every ticket ended, whatever fails)."""
-        ended = 0
-        try:
-            for (h, stager), ticket in zip(self.stagers, tickets, strict=True):
-                ended += 1  # stage_ahead ends its ticket itself, even when it raises
-                stager.stage_ahead(np.concatenate([self._ids_of(h, t, a, b) for _, t, a, b in parts]), ticket)
-            with self._cond:
-                self.stats.batches_staged += 1
-        finally:
-            for (_, stager), ticket in list(zip(self.stagers, tickets, strict=True))[ended:]:
-                stager.end_expected(ticket)
-
-    def _run_stagings(self) -> None:
-        while True:
-            with self._cond:
-                while self._expected is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                (parts, tickets), self._expected = self._expected, None
-                self._staging = True
-            t = time.perf_counter()
-            try:
-                self._stage(parts, tickets)
-            except Exception as exc:  # noqa: BLE001 - advisory: the lookup reads its rows itself
-                self._record_error("staging of the next batch's rows", exc)
-            finally:
-                with self._cond:
-                    self.stats.seconds_busy += time.perf_counter() - t
-                    self._staging = False
-                    self._cond.notify_all()
-
-    def _record_error(self, what: str, exc: BaseException) -> None:
-        with self._cond:
-            if len(self.stats.errors) < 8:
-                self.stats.errors.append(f"{type(exc).__name__}: {exc}")
-        log.warning("PLE prompt-ahead %s failed: %s", what, exc)
+            self._cond.notify()
 
     def finished(self, key: Hashable) -> None:
-        """Request ``key`` is done (or aborted): its queued chunks, and an expected batch with it not yet
-        staged, are dropped."""
+        """Request ``key`` is done (or aborted): its queued chunks are dropped."""
         with self._cond:
             self._reqs.pop(key, None)
-            dropped = None
-            if self._expected is not None and any(part[0] == key for part in self._expected[0]):
-                dropped, self._expected = self._expected, None  # a batch with this request will not run as announced
             kept = deque(item for item in self._queue if item[0] != key)
             self.stats.chunks_dropped += len(self._queue) - len(kept)
             self._queue = kept
-        if dropped is not None:
-            self._end(dropped[1])
 
     # ------------------------------------------------------------------ the background thread
 
@@ -249,21 +155,26 @@ class PromptPrefetcher:
                 self._busy = True
             t = time.perf_counter()
             try:
-                self._fetch(req.tokens, a, b)
+                lo = max(0, a - self._context)
+                seg = np.asarray(req.tokens[lo:b], dtype=np.int64)  # a chunk's slice: the GIL for ~chunk ints
+                for h, cache in self.layers:
+                    ctx = h.ngram_size - 1
+                    before = seg[max(0, a - lo - ctx):a - lo]  # the predecessors of token a; EOS before the start
+                    hist = np.concatenate([np.full(ctx - before.size, h.eos_token_id, np.int64), before])
+                    cache.prefetch(h.ids(seg[a - lo:], hist).reshape(-1))
+                with self._cond:
+                    self.stats.chunks_fetched += 1
+                    self.stats.tokens_fetched += b - a
             except Exception as exc:  # noqa: BLE001 - prefetch is advisory: the lookup itself raises for real
-                self._record_error(f"prefetch of tokens [{a}, {b})", exc)
+                with self._cond:
+                    if len(self.stats.errors) < 8:
+                        self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+                log.warning("PLE prompt-ahead prefetch of tokens [%d, %d) failed: %s", a, b, exc)
             finally:
                 with self._cond:
                     self.stats.seconds_busy += time.perf_counter() - t
                     self._busy = False
                     self._cond.notify_all()
-
-    def _fetch(self, tokens, a: int, b: int) -> None:
-        for h, cache in self.layers:
-            cache.prefetch(self._ids_of(h, tokens, a, b))
-        with self._cond:
-            self.stats.chunks_fetched += 1
-            self.stats.tokens_fetched += b - a
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -271,7 +182,7 @@ class PromptPrefetcher:
         """Wait until every queued chunk is fetched (tests, benchmarks); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy or self._expected is not None or self._staging:
+            while self._queue or self._busy:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -287,13 +198,8 @@ class PromptPrefetcher:
         with self._cond:
             self._closed = True
             self._queue.clear()
-            dropped, self._expected = self._expected, None
             self._cond.notify_all()
         self._thread.join()
-        if self._stage_thread is not None:
-            self._stage_thread.join()
-        if dropped is not None:
-            self._end(dropped[1])
 
 
 __all__ = ["PromptPrefetcher", "PrefetchStats", "parse_window", "DEFAULT_WINDOW", "SGLANG_WINDOW_ENV",

@@ -21,17 +21,6 @@ layer i+1 while layer i runs):
    (an id outside the table, a failed read): the delivery was then never enqueued, so ``out`` is
    untouched.
 
-Staged ahead: the ids of a prefill chunk are a pure function of its tokens, so the engine's
-scheduler side (prompt-ahead prefetch, :mod:`..sidecar.prefetch`) hashes them on the host when it
-schedules a batch and stages its rows into the eager slot from its own thread, before the forward
-reaches this layer; when ``begin`` brings the same ids (compared in full once the device's ids are on
-the host), the worker only delivers. Any other ids are read as usual: a wrong guess costs time, never
-rows. The order is kept by tickets: ``expect()`` when the batch is scheduled (before its forward
-begins any lookup), ``stage_ahead(ids, ticket)`` later on the caller's thread. A lookup waits for the
-stagings announced before it began (its rows may be in them; never for later ones), a staging waits
-for the lookups begun before it was announced (an overlapping scheduler announces batch N+1 while
-batch N's lookups are still in flight), and the slot itself is under one lock.
-
 CUDA graphs: inside capture, ``capture(ids, out, stream)`` records the same pipeline as graph
 nodes on ``stream``: a D2H copy of the ids into a pinned graph slot, a *host node*
 (``cuLaunchHostFunc``) that reads the rows when a replay reaches it, and the delivery (conversion
@@ -64,7 +53,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 import time
 from dataclasses import dataclass
 
@@ -75,7 +63,6 @@ from . import LOGGER_NAME
 from .kernels import convert_staged_rows
 
 MODES = ("uva", "h2d")
-STAGE_WAIT_S = 10.0  # the longest a lookup waits for a staging announced before it (a safety bound, not a timing)
 OUTPUTS = ("bf16", "raw")
 
 log = logging.getLogger(LOGGER_NAME)
@@ -94,17 +81,12 @@ class GatherStats:
     ids_wait_s: float = 0.0  # worker: from begin() until the ids (and the slot) were ready
     read_s: float = 0.0  # worker: the row source's read
     captured: int = 0  # reads captured into CUDA graphs
-    staged_ahead: int = 0  # stage_ahead() calls that staged rows
-    ahead_used: int = 0  # eager lookups delivered from rows staged ahead (no read on the critical path)
-    ahead_unused: int = 0  # staged rows a lookup of other ids replaced
-    stage_wait_s: float = 0.0  # eager lookups: waiting for a staging announced before them
 
     def line(self) -> str:
         n = max(self.lookups, 1)
         return (f"{self.lookups} eager lookups, {self.rows / n:.0f} rows each; per lookup: ids wait "
                 f"{self.ids_wait_s / n * 1e3:.3f} ms, read {self.read_s / n * 1e3:.3f} ms "
-                f"({self.read_s / max(self.rows, 1) * 1e6:.2f} us/row); {self.captured} captured reads; "
-                f"{self.ahead_used} of {self.staged_ahead} lookups staged ahead used, {self.ahead_unused} replaced")
+                f"({self.read_s / max(self.rows, 1) * 1e6:.2f} us/row); {self.captured} captured reads")
 
 
 def _capturing(device: torch.device) -> bool:
@@ -191,20 +173,11 @@ class SidecarGather:
 
             load()  # compile/load the host-node library now: at startup (a broken compiler stops the model load)
         self._pending: concurrent.futures.Future | None = None
-        # the eager slot's owner: a lookup's read + delivery enqueue, or a staging ahead (see the docstring)
-        self._slot_lock = threading.Lock()
-        self._slot_used = False  # a delivery was enqueued from the slot (CUDA: wait for _slot_free before reuse)
-        self._ahead_ids = np.empty(self.capacity_rows, np.int64)  # the ids whose rows the slot holds, if staged
-        self._ahead_n = -1  # how many (-1: the slot holds no staged rows)
-        # tickets (see the docstring): announced by expect(); every ticket <= _staged_to is staged, dropped or
-        # superseded; _lookup_ticket: what was announced when the eager lookup in flight began (None: none)
-        self._tickets = threading.Condition()
-        self._announced = self._staged_to = 0
-        self._lookup_ticket: int | None = None
         if self.cuda:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ple-stage-L{self.layer}")
             self._ids_ready = torch.cuda.Event()
             self._slot_free = torch.cuda.Event()
+            self._slot_used = False
 
     @property
     def pinned_bytes(self) -> int:
@@ -212,8 +185,8 @@ class SidecarGather:
 
     @property
     def working_set_bytes(self) -> int:
-        """Fixed host memory: pinned staging (and the staged-ahead ids) plus the reader's working set."""
-        return self.pinned_bytes + self._ahead_ids.nbytes + self.reader.working_set_bytes
+        """Fixed host memory: pinned staging plus the reader's working set."""
+        return self.pinned_bytes + self.reader.working_set_bytes
 
     # ------------------------------------------------------------------ checks
 
@@ -246,99 +219,11 @@ class SidecarGather:
             src = device_slot[:n]
         convert_staged_rows(src, out, is_fp8=self.is_fp8)
 
-    def _slot_reusable(self) -> None:
-        """Under the slot lock: wait until the last delivery from the slot has read it (CUDA)."""
-        if self.cuda and self._slot_used:
-            self._slot_free.synchronize()
-
     def _stage_and_deliver(self, n: int, out: torch.Tensor) -> None:
-        """Rows ``ids_host[:n]`` into the slot (unless staged ahead) and their delivery into ``out``,
-        enqueued on the current stream; ends the eager lookup in flight (``_lookup_ticket``)."""
-        try:
-            self._wait_for_stagings()
-            with self._slot_lock:
-                self._slot_reusable()
-                if self._ahead_n == n and np.array_equal(self._ahead_ids[:n], self._ids_np[:n]):
-                    self.stats.ahead_used += 1  # the rows are already there
-                else:
-                    if self._ahead_n >= 0:
-                        self.stats.ahead_unused += 1
-                    self._ahead_n = -1  # the slot is overwritten below (even by a read that fails)
-                    t = time.perf_counter()
-                    self.reader.read_rows(self._ids_np[:n], self._rows_np[:n])
-                    self.stats.read_s += time.perf_counter() - t
-                self._ahead_n = -1  # consumed: the next lookup reads, or finds rows staged after this one
-                self._deliver(self.rows_host[:n], self.rows_device, out)
-                if self.cuda:
-                    self._slot_free.record(torch.cuda.current_stream(self.device))
-                self._slot_used = True
-        finally:
-            self._end_lookup()
-
-    def _end_lookup(self) -> None:
-        with self._tickets:
-            self._lookup_ticket = None
-            self._tickets.notify_all()
-
-    def _wait_for_stagings(self) -> None:
-        """Until every staging announced before this lookup began is done (``STAGE_WAIT_S`` at most: a
-        staging is a read this lookup would otherwise make itself)."""
-        with self._tickets:
-            if self._lookup_ticket is None or self._staged_to >= self._lookup_ticket:
-                return
-            t = time.perf_counter()
-            if not self._tickets.wait_for(lambda: self._staged_to >= self._lookup_ticket, STAGE_WAIT_S):
-                log.warning("PLE layer %s: a staging announced %.0f s ago has not finished; reading the rows",
-                            self.layer, STAGE_WAIT_S)
-            self.stats.stage_wait_s += time.perf_counter() - t
-
-    def _begin_lookup(self) -> None:
-        with self._tickets:
-            self._lookup_ticket = self._announced
-
-    # ------------------------------------------------------------------ staged ahead
-
-    def expect(self) -> int:
-        """A batch was scheduled whose rows the caller will stage: its ticket for :meth:`stage_ahead`
-        (lookups begun from now on wait for that staging). Call it before the batch's forward begins."""
-        with self._tickets:
-            self._announced += 1
-            return self._announced
-
-    def end_expected(self, ticket: int) -> None:
-        """The stagings up to ``ticket`` are done, dropped or superseded (lookups stop waiting for them)."""
-        with self._tickets:
-            self._staged_to = max(self._staged_to, int(ticket))
-            self._tickets.notify_all()
-
-    def stage_ahead(self, ids, ticket: int | None = None) -> bool:
-        """Read the rows of an expected lookup (host ids, hashed from the scheduled tokens) into the eager
-        slot, on a thread of the caller's (never the forward's); ``begin`` with the same ids then delivers
-        them without reading. ``ticket``: from :meth:`expect` when the batch was scheduled (None: now).
-        Returns False (nothing staged) for a lookup larger than the slot. Raises the reader's errors; the
-        slot then holds nothing staged. Ends ``ticket`` in every case."""
-        ticket = self.expect() if ticket is None else int(ticket)
-        try:
-            ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-            n = ids.size
-            if n == 0 or n > self.capacity_rows:
-                return False
-            prefetch = getattr(self.reader, "prefetch", None)
-            if prefetch is not None:
-                prefetch(ids)  # misses into the row cache first, outside the lock: no lookup waits on disk for them
-            with self._tickets:  # the lookups begun before this batch was scheduled use the slot first
-                self._tickets.wait_for(lambda: self._lookup_ticket is None or self._lookup_ticket >= ticket,
-                                       STAGE_WAIT_S)
-            with self._slot_lock:
-                self._slot_reusable()
-                self._ahead_n = -1
-                self.reader.read_rows(ids, self._rows_np[:n])
-                self._ahead_ids[:n] = ids
-                self._ahead_n = n
-                self.stats.staged_ahead += 1
-            return True
-        finally:
-            self.end_expected(ticket)
+        t = time.perf_counter()
+        self.reader.read_rows(self._ids_np[:n], self._rows_np[:n])
+        self.stats.read_s += time.perf_counter() - t
+        self._deliver(self.rows_host[:n], self.rows_device, out)
 
     # ------------------------------------------------------------------ eager
 
@@ -352,28 +237,26 @@ class SidecarGather:
         self.stats.rows += n
         if not self.cuda:
             self._ids_np[:n] = ids.numpy()
-            self._begin_lookup()
             self._stage_and_deliver(n, out)
             return
         if n == 0:
             return
-        self._begin_lookup()
         stream = stream or torch.cuda.current_stream(self.device)
         with torch.cuda.stream(stream):
             self.ids_host[:n].copy_(ids, non_blocking=True)
             self._ids_ready.record(stream)
-        self._begun = time.perf_counter()
+        self._slot_busy, self._begun = self._slot_used, time.perf_counter()  # for _work: one lookup at a time
         self._pending = self._executor.submit(self._work, n, out, stream)
+        self._slot_used = True
 
     def _work(self, n: int, out: torch.Tensor, stream) -> None:
-        try:
-            self._ids_ready.synchronize()
-        except BaseException:
-            self._end_lookup()
-            raise
+        self._ids_ready.synchronize()
+        if self._slot_busy:
+            self._slot_free.synchronize()  # the previous delivery may still read the slot
         self.stats.ids_wait_s += time.perf_counter() - self._begun
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             self._stage_and_deliver(n, out)
+            self._slot_free.record(stream)
 
     def wait(self) -> None:
         """Block until the last ``begin`` has enqueued its delivery; re-raises its error."""
@@ -441,11 +324,14 @@ class SidecarGather:
         n = len(ids_host)
         self._check(n, out)
         self.wait()
+        if self._slot_used:
+            self._slot_free.synchronize()
         self._ids_np[:n] = ids_host
-        self._begin_lookup()
         with torch.cuda.stream(stream):
             self._stage_and_deliver(n, out)
+            self._slot_free.record(stream)
             event.record(stream)
+        self._slot_used = True
 
     def close(self) -> None:
         try:

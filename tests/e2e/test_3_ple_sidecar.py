@@ -110,11 +110,6 @@ def test_row_cache_log_states_memory_and_prefetch_activity(qwen4_sidecar_cache, 
     fetched = int(re.search(r"prefetch: (\d+) chunk\(s\) fetched", activity[0]).group(1))
     lookups = int(re.search(r"\d+ of (\d+) lookups hit", activity[0]).group(1))
     assert fetched >= 1 and lookups > 0, activity[0]
-    # the scheduler's EXTEND batches were staged ahead from the host-hashed tokens, and the forward's own PLE
-    # lookups (sglang's hashing, its batch layout) brought the same ids: delivered from the staged rows
-    staged = re.search(r"(\d+) batch\(es\) staged ahead \((\d+) superseded\), (\d+) lookup\(s\) delivered from "
-                       r"staged rows, (\d+) staged set\(s\) unused", activity[0])
-    assert staged and int(staged.group(1)) >= 1 and int(staged.group(3)) >= 1, activity[0]
     # the uncached launch says so, and prefetches nothing
     assert _lines(qwen4_sidecar_mmap, r"PLE host memory: row cache off \(SGLANG_SSD_STREAM_ROW_CACHE_MB=0\)")
     assert "prompt-ahead prefetch:" not in qwen4_sidecar_mmap.log

@@ -21,8 +21,6 @@ EXPECTED = {
     "test_mixed_and_decode_batches_announce_only_prompt_tokens",
     "test_a_slow_prefetch_never_delays_the_scheduler",
     "test_prefetch_off_with_the_cache_off",
-    *(f"test_the_scheduled_batch_is_staged_ahead_and_its_lookup_reads_nothing[tp{t}]" for t in ("0", "1")),
-    "test_only_prompt_only_extend_batches_are_staged",
 }
 
 

@@ -275,7 +275,6 @@ def test_prepare_for_forward_announces_the_chunk_and_the_window_and_prefetches(e
     calls = []
     real = pf.scheduled
     monkeypatch.setattr(pf, "scheduled", lambda *a: (calls.append(a[:1] + a[2:]), real(*a))[1])
-    monkeypatch.setattr(pf, "expected", lambda parts: None)  # staging ahead has its own test: only the fetches here
     rng = np.random.default_rng(3)
     prompt = [int(t) for t in rng.integers(10, 1000, 100)]
     req = _req("req-a", prompt)
@@ -323,22 +322,19 @@ def test_mixed_and_decode_batches_announce_only_prompt_tokens(env, monkeypatch):
 
 
 def test_a_slow_prefetch_never_delays_the_scheduler(env, monkeypatch):
-    """The cache's prefetch blocks for 2 s per call: prepare_for_forward still returns at once; the fetch
-    thread (in the first chunk) and the staging thread (in the first batch) both wait on the disk; a
-    finished request's queued chunks and expected batch are dropped (release_kv_cache, as the scheduler
-    calls it on finish/abort)."""
+    """The cache's prefetch blocks for 2 s per call: prepare_for_forward still returns at once, and a finished
+    request's queued chunks are dropped (release_kv_cache, as the scheduler calls it on finish/abort)."""
     from sglang.srt.mem_cache import common
 
     from sglang_ssd_stream.sglang import prefetch
 
     monkeypatch.setenv(WINDOW, "3")
     m = _load(env, monkeypatch, "64")
-    gather = m.ngram.ngram_embedding._ssd_stream
-    cache = gather.reader
-    inside, release = threading.Semaphore(0), threading.Event()
+    cache = m.ngram.ngram_embedding._ssd_stream.reader
+    started, release = threading.Event(), threading.Event()
 
     def slow(ids):
-        inside.release()
+        started.set()
         release.wait(2.0)
 
     monkeypatch.setattr(cache, "prefetch", slow)
@@ -348,13 +344,12 @@ def test_a_slow_prefetch_never_delays_the_scheduler(env, monkeypatch):
     t = time.perf_counter()
     batch = _batch("EXTEND", [req], [0], [32])
     assert mgr.prepare_for_forward(batch, chunked_req=req) is batch
-    assert inside.acquire(timeout=10) and inside.acquire(timeout=10)  # both threads are inside the slow read now
+    assert started.wait(10)  # the background thread is inside the slow read now
     for start in (32, 64):
         mgr.prepare_for_forward(_batch("EXTEND", [req], [start], [32]), chunked_req=req)
     took = time.perf_counter() - t
     assert took < 1.0, took  # never waited for the 2 s read
-    assert pf.pending_chunks == 3  # [32,64) [64,96) [96,128) queued behind the chunk being read
-    assert pf.stats.batches_superseded == 1  # the batch at 32 was replaced by the batch at 64 before staging
+    assert pf.pending_chunks == 3  # [32,64) [64,96) [96,128) queued behind the one being read
 
     class _Tree:  # release_kv_cache's tree: the request holds no KV and no Mamba slot (the early-return path)
         def supports_mamba(self):
@@ -363,66 +358,8 @@ def test_a_slow_prefetch_never_delays_the_scheduler(env, monkeypatch):
     assert not req.kv.holds_kv and not req.kv.holds_mamba and req.kv.is_kv_released  # a fresh Req
     common.release_kv_cache(req, _Tree(), checkpoint=False)  # the real function, through our AROUND hook
     assert pf.pending_chunks == 0 and pf.stats.chunks_dropped == 3
-    assert pf._expected is None and gather._staged_to == 3  # the batch at 64 is dropped, its ticket ended
     release.set()
-    assert pf.drain(10) and pf.stats.chunks_fetched == 1 and pf.stats.batches_staged == 1
-
-
-def _sglang_ids(env, emb, prompt: list[int], a: int, b: int) -> torch.Tensor:
-    """The row ids sglang's own hashing gives tokens [a, b) of a prompt (its _hash_contexts over their
-    n-gram windows; EOS before the prompt's start)."""
-    windows = torch.tensor([[prompt[i - 2] if i >= 2 else B.EOS, prompt[i - 1] if i >= 1 else B.EOS, prompt[i]]
-                            for i in range(a, b)])
-    env.q.get_req_to_token_pool = lambda: types.SimpleNamespace(ple_window_cache=None)
-    return emb._hash_contexts(windows, decode_sized=False)
-
-
-@pytest.mark.parametrize("tp", [(0, 1), (1, 2)])
-def test_the_scheduled_batch_is_staged_ahead_and_its_lookup_reads_nothing(env, monkeypatch, tp):
-    """An EXTEND batch of two requests (the second after an 8-token prefix-cache hit) through the real
-    prepare_for_forward: the prefetcher hashes both requests' tokens in the batch's order and stages them in
-    the layer's gather. The lookup with the ids of sglang's own hashing, in the batch's order, is delivered
-    from the staged rows (no read on its path), bit for bit the uncached reader's rows."""
-    from sglang_ssd_stream.sglang import prefetch
-
-    rng = np.random.default_rng(11)
-    pa, pb = [int(t) for t in rng.integers(10, 1000, 40)], [int(t) for t in rng.integers(10, 1000, 28)]
-    plain = _load(env, monkeypatch, "0", tp)
-    ids = torch.cat([_sglang_ids(env, plain.ngram, pa, 0, 40), _sglang_ids(env, plain.ngram, pb, 8, 28)])
-    want = B._gather(plain.ngram.ngram_embedding, ids)
-
-    m = _load(env, monkeypatch, None, tp)
-    (pf,) = prefetch.active()
-    gather = m.ngram.ngram_embedding._ssd_stream
-    batch = _batch("EXTEND", [_req("a", pa), _req("b", pb)], [0, 8], [40, 20])
-    assert _manager().prepare_for_forward(batch, chunked_req=None) is batch
-    assert pf.drain(60) and pf.stats.batches_staged == 1 and gather.stats.staged_ahead == 1
-    calls = gather.reader.stats["calls"]
-    got = B._gather(m.ngram.ngram_embedding, ids)
-    assert gather.stats.ahead_used == 1 and gather.reader.stats["calls"] == calls  # delivered, not read
-    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    # the same lookup again: nothing staged any more, it is read (and still the same rows)
-    assert torch.equal(B._gather(m.ngram.ngram_embedding, ids).view(torch.int16), want.view(torch.int16))
-    assert gather.stats.ahead_used == 1 and gather.reader.stats["calls"] == calls + 1
-    assert "1 batch(es) staged ahead (0 superseded), 1 lookup(s) delivered from staged rows" in prefetch.activity_line(pf)
-
-
-def test_only_prompt_only_extend_batches_are_staged(env, monkeypatch):
-    """A MIXED batch (a decode rides along) or an EXTEND batch past a prompt (a retracted request's
-    re-prefill of its output) is not what the staging could predict: nothing is staged."""
-    from sglang_ssd_stream.sglang import prefetch
-
-    _load(env, monkeypatch, None)
-    (pf,) = prefetch.active()
-    staged = []
-    monkeypatch.setattr(pf, "expected", lambda parts: staged.append([(k, a, b) for k, _, a, b in parts]))
-    new, old = _req("new", list(range(10, 60))), _req("old", list(range(10, 30)), output=(5, 6, 7))
-    mgr = _manager()
-    mgr.prepare_for_forward(_batch("MIXED", [new, old], [8, 22], [42, 1]), chunked_req=None)
-    mgr.prepare_for_forward(_batch("EXTEND", [old], [0], [23]), chunked_req=None)  # 20 prompt + 3 output tokens
-    assert staged == []
-    mgr.prepare_for_forward(_batch("EXTEND", [new], [8], [42]), chunked_req=None)
-    assert staged == [[("new", 8, 50)]]
+    assert pf.drain(10) and pf.stats.chunks_fetched == 1
 
 
 def test_prefetch_off_with_the_cache_off(env, monkeypatch):

@@ -6,7 +6,8 @@ Self-contained for a machine with torch + triton and NO vLLM: vLLM's
 ``_lookup_ple_embedding_from_pinned_kernel`` (the one-program-per-row UVA byte copy its pinned class
 launches on a side stream in ``start_prefetch``) is pulled out of a copy of ``common/ngram_embedding.py``
 with ``ast`` (``scripts/gpu/vllm_prepare_sources.sh``). Our side is what ``StreamedPLEEmbedding`` runs: a
-``SidecarGather`` over ``open_reader(table, backend)`` with raw output (``mode="h2d"``,
+``SidecarGather`` over ``open_reader(table, backend)`` (and, as ``cache``, the mmap reader behind the
+row cache, VLLM_PLE_ROW_CACHE_MB's default path) with raw output (``mode="h2d"``,
 ``output="raw"``), driven by the same two calls the embedding makes, ``prefetch(ids, out, side)`` in
 ``start_prefetch`` and ``join(side)`` in ``_finalize_prefetch``. Inside a FULL graph capture (vLLM runs
 both methods inside the capture then) ``prefetch`` records D2H of the ids -> native host node reading
@@ -25,7 +26,7 @@ Checks (JSON ``checks``; exit 1 if any fails):
   ``prefetch`` returns in a small fraction of it (the ids cross by an async D2H + event);
 - ``decode_hidden``: decode steps as FULL graphs (lookup for layer i+1 on the side stream beside a
   simulated 0.25 ms layer i) expose at most 0.03 ms over the layer-only graph, 16 … 1,024 rows, page
-  cache warm, main thread waiting or asleep, per backend (``decode_hidden_mmap``/``_pread``); vLLM's
+  cache warm, main thread waiting or asleep, per backend (``decode_hidden_mmap``/``_pread``/``_cache``); vLLM's
   in-RAM lookup in the same graph shape beside it. Each repetition replays every graph once, in turn
   (a slow moment of the host hits all of them), and the medians are compared;
 - ``registered_same_rows``: vLLM's kernel reads our registered (page-aligned) table as a
@@ -69,6 +70,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang_ssd_stream.sidecar import load_manifest, open_reader  # noqa: E402
+from sglang_ssd_stream.sidecar.row_cache import RowCache, captured_read  # noqa: E402
 from sglang_ssd_stream.staging import hostfunc, native_read  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 from sglang_ssd_stream.staging.host_memory import allocate_registered, caching_allocator_bytes  # noqa: E402
@@ -76,7 +78,7 @@ from sglang_ssd_stream.staging.host_memory import allocate_registered, caching_a
 KERNEL = "_lookup_ple_embedding_from_pinned_kernel"
 ROW_BYTES = 160  # Qwen3.8 Flash-Next: 160 fp8 columns (80 bf16)
 HEADS = 16  # rows per token per PLE layer
-BACKENDS = ("mmap", "pread")
+BACKENDS = ("mmap", "pread", "cache")  # cache: the mmap reader behind a RowCache (VLLM_PLE_ROW_CACHE_MB > 0)
 
 
 def load_vllm_kernel(src: Path):
@@ -159,12 +161,22 @@ def pinned_rows(path: Path, lo: int, hi: int, device) -> torch.Tensor:
 
 
 def gather_for(table, backend: str, lo: int, hi: int, device, args, capacity: int, graph_rows: int) -> SidecarGather:
-    """What StreamedPLEEmbedding builds for one rank (vllm_ple_offload/embedding.py)."""
-    reader = open_reader(table, backend, vocab_start=lo, vocab_end=hi, total_rows=table.rows,
-                         workers=args.workers, rows_per_task=args.rows_per_task,
+    """What StreamedPLEEmbedding builds for one rank (vllm_ple_offload/embedding.py): ``cache`` is its
+    default with a row cache budget, the mmap reader behind a ``RowCache`` of ``--cache-mib`` in
+    registered memory, captured reads the cache's native host node."""
+    reader = open_reader(table, "mmap" if backend == "cache" else backend, vocab_start=lo, vocab_end=hi,
+                         total_rows=table.rows, workers=args.workers, rows_per_task=args.rows_per_task,
                          max_rows=max(1, min(capacity, args.workers * args.rows_per_task)))
+    host_read = None
+    if backend == "cache":
+        def allocate(nbytes: int):
+            if device.type == "cuda":
+                return allocate_registered(nbytes, label="PLE row cache")
+            return np.zeros(nbytes, np.uint8)
+
+        reader, host_read = RowCache.for_budget(reader, args.cache_mib << 20, allocate=allocate), captured_read
     return SidecarGather(reader, columns=table.columns, is_fp8=table.dtype == "float8_e4m3fn", capacity_rows=capacity,
-                         device=device, mode="h2d", output="raw", graph_rows=graph_rows)
+                         device=device, mode="h2d", output="raw", graph_rows=graph_rows, host_read=host_read)
 
 
 def id_cases(rows: int, lo: int, hi: int, n: int, rng) -> dict[str, np.ndarray]:
@@ -472,6 +484,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/var/tmp/vllm-ple-gpu", help="where the test tables are written")
     ap.add_argument("--table-gib", type=float, default=4.0, help="FP8 table for the decode graphs and fio")
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--cache-mib", type=int, default=64, help="the row cache of the 'cache' backend (evicts on the "
+                    "bit-exact tables)")
     ap.add_argument("--rows-per-task", type=int, default=2048)
     ap.add_argument("--decode-layer-ms", type=float, default=0.25)
     ap.add_argument("--exposed-limit-ms", type=float, default=0.03)

@@ -11,6 +11,10 @@ AROUND hooks of the same process use it:
   MIXED batch it announces, per request, the prompt tokens this step computes:
   ``scheduled(rid, origin_input_ids, prefix_len, prefix_len + extend_len)``. The prefetcher only records
   them and wakes its thread (hashing and disk reads happen there): the scheduler never waits on a read.
+- ``managers.scheduler.Scheduler._add_request_to_queue(req, is_retracted=False)``: when a new request is
+  now the last of the waiting queue (not retracted, not aborted by the call; the queue of a scheduler
+  without disaggregation), ``arrived(rid, origin_input_ids)`` queues its first chunk while it waits to be
+  scheduled.
 - ``mem_cache.common.release_kv_cache(req, ...)``: every finished, aborted or retracted request gives its
   KV row back through it; ``finished(rid)`` drops the chunks still queued for it. (A retracted request
   that comes back is announced again from where it restarts.) The prefetcher also forgets the oldest of
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 PREPARE = ("sglang.srt.model_executor.model_runner_components.ngram_embedding_manager."
            "NgramEmbeddingManager.prepare_for_forward")
 RELEASE = "sglang.srt.mem_cache.common.release_kv_cache"
+ARRIVE = "sglang.srt.managers.scheduler.Scheduler._add_request_to_queue"
 PREFILL_MODES = ("EXTEND", "MIXED")  # ForwardMode names of scheduler batches that compute prompt tokens
 REPORT_EVERY_S = 60.0  # the activity line's period in the log
 
@@ -100,6 +105,21 @@ def around_prepare_for_forward(original, self, batch, *args, **kwargs):
     return original(self, batch, *args, **kwargs)
 
 
+def around_add_request_to_queue(original, self, req, *args, **kwargs):
+    result = original(self, req, *args, **kwargs)
+    prefetchers = active()
+    if prefetchers:
+        try:
+            retracted = kwargs.get("is_retracted", args[0] if args else False)
+            queue = getattr(self, "waiting_queue", None)
+            if not retracted and queue and queue[-1] is req:  # queued (not aborted, not disaggregated)
+                for p in prefetchers:
+                    p.arrived(req.rid, req.origin_input_ids)
+        except Exception as exc:  # noqa: BLE001 - advisory
+            _warn_once("announcing an arriving request", exc)
+    return result
+
+
 def around_release_kv_cache(original, req, *args, **kwargs):
     result = original(req, *args, **kwargs)
     prefetchers = active()
@@ -122,7 +142,8 @@ def activity_line(prefetcher) -> str:
         for k, v in c.stats.items():
             totals[k] = totals.get(k, 0) + v
     lookups = max(totals.get("lookups", 0), 1)
-    return (f"PLE prompt-ahead prefetch: {s.chunks_fetched} chunk(s) fetched ({s.tokens_fetched} tokens), "
+    return (f"PLE prompt-ahead prefetch: {s.chunks_fetched} chunk(s) fetched ({s.tokens_fetched} tokens; "
+            f"{s.arrivals} first chunk(s) queued on arrival), "
             f"{s.chunks_dropped} dropped, {s.scheduled_calls} scheduled call(s), busy {s.seconds_busy:.3f} s; "
             f"row caches over {len(caches)} layer(s): {totals.get('prefetch_rows', 0)} rows prefetched, "
             f"{totals.get('hits', 0)} of {totals.get('lookups', 0)} lookups hit "

@@ -15,6 +15,11 @@ scheduled, hashes each chunk's tokens for every PLE layer (numpy) and calls that
 being computed are fetched per request, so the window bounds both the disk work queued ahead and
 the rows it pins in the cache.
 
+A request's first chunk can be fetched before it is scheduled: :meth:`PromptPrefetcher.arrived`, when the
+request enters the engine's waiting queue, queues that chunk (only while the queue holds no more than
+``window`` chunks, so a burst of arrivals never delays chunks already scheduled). Without it the first
+chunk of every prompt is read while it is being computed.
+
 Imports only the standard library and numpy (no engine, no torch).
 """
 
@@ -68,6 +73,7 @@ class PrefetchStats:
     chunks_fetched: int = 0
     chunks_dropped: int = 0  # the request finished before its chunk was fetched
     tokens_fetched: int = 0
+    arrivals: int = 0  # requests whose first chunk was queued when they entered the waiting queue
     seconds_busy: float = 0.0
     errors: list = field(default_factory=list)
 
@@ -130,6 +136,23 @@ class PromptPrefetcher:
                 self.stats.chunks_queued += 1
                 req.fetched_to = b
             self._cond.notify()
+
+    def arrived(self, key: Hashable, tokens: Sequence[int]) -> bool:
+        """Request ``key`` entered the engine's waiting queue with prompt ``tokens``: queue its first chunk
+        while it waits, unless it is known already or more than ``window`` chunks are queued. Returns
+        whether the chunk was queued; returns at once either way."""
+        n = len(tokens)
+        with self._cond:
+            if self._closed or n == 0 or key in self._reqs or len(self._queue) > self.window:
+                return False
+            req = self._reqs[key] = _Request(tokens, fetched_to=min(n, self.chunk_tokens))
+            while len(self._reqs) > MAX_REQUESTS:
+                self._reqs.popitem(last=False)
+            self._queue.append((key, req, 0, req.fetched_to))
+            self.stats.chunks_queued += 1
+            self.stats.arrivals += 1
+            self._cond.notify()
+        return True
 
     def finished(self, key: Hashable) -> None:
         """Request ``key`` is done (or aborted): its queued chunks are dropped."""

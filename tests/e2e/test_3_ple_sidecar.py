@@ -110,6 +110,9 @@ def test_row_cache_log_states_memory_and_prefetch_activity(qwen4_sidecar_cache, 
     fetched = int(re.search(r"prefetch: (\d+) chunk\(s\) fetched", activity[0]).group(1))
     lookups = int(re.search(r"\d+ of (\d+) lookups hit", activity[0]).group(1))
     assert fetched >= 1 and lookups > 0, activity[0]
+    # the scheduler's request intake (Scheduler._add_request_to_queue) queued the first request's first chunk
+    arrivals = int(re.search(r"(\d+) first chunk\(s\) queued on arrival", activity[0]).group(1))
+    assert arrivals >= 1, activity[0]
     # the uncached launch says so, and prefetches nothing
     assert _lines(qwen4_sidecar_mmap, r"PLE host memory: row cache off \(SGLANG_SSD_STREAM_ROW_CACHE_MB=0\)")
     assert "prompt-ahead prefetch:" not in qwen4_sidecar_mmap.log

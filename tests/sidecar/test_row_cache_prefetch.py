@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -197,3 +198,54 @@ def test_window_knob():
             parse_window("SGLANG_SSD_STREAM_PREFETCH_CHUNKS", raw)
     with pytest.raises(ValueError, match="at least one PLE layer"):
         PromptPrefetcher([], chunk_tokens=CHUNK)
+
+
+# ----------------------------------------------------------------------------- a request's arrival
+
+
+def test_arrival_queues_the_first_chunk_and_scheduling_continues_after_it():
+    gate = threading.Event()
+    rec = Recorder(gate)
+    tokens = prompt(1000, 6)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=1)
+    assert p.arrived("r", tokens)
+    assert not p.arrived("r", tokens)  # known already: nothing queued twice
+    p.scheduled("r", tokens, 0, CHUNK)  # the first chunk was queued on arrival: only the window follows
+    gate.set()
+    assert p.drain(60)
+    got = [c for c in rec.calls]
+    np.testing.assert_array_equal(got[0], chunk(tokens, 0, CHUNK))
+    np.testing.assert_array_equal(got[1], chunk(tokens, CHUNK, 2 * CHUNK))
+    assert len(got) == 2 and p.stats.arrivals == 1 and p.stats.chunks_queued == 2
+    p.close()
+
+
+def test_a_burst_of_arrivals_never_pushes_scheduled_chunks_back():
+    """Arrivals queue only while the queue holds at most `window` chunks."""
+    gate = threading.Event()
+    rec = Recorder(gate)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=1)
+    p.scheduled("s", prompt(1000, 7), 0, CHUNK)  # the thread takes [0, 256) and blocks; [256, 512) waits
+    while p.pending_chunks != 1:
+        time.sleep(0.001)
+    assert p.arrived("a", prompt(300, 8))  # 1 queued <= window: queued
+    assert not p.arrived("b", prompt(300, 9))  # 2 queued > window: left to its scheduling
+    assert p.pending_chunks == 2 and p.stats.arrivals == 1
+    gate.set()
+    assert p.drain(60) and len(rec.calls) == 3
+    assert not p.arrived("c", [])  # an empty prompt has no chunk
+    p.close()
+
+
+def test_an_arrived_request_that_finishes_unscheduled_drops_its_chunk():
+    gate = threading.Event()
+    rec = Recorder(gate)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=0)
+    p.scheduled("s", prompt(300, 1), 0, 44)
+    while p.pending_chunks:
+        time.sleep(0.001)  # the thread holds [0, 44) of "s"
+    p.arrived("a", prompt(500, 2))
+    p.finished("a")  # aborted while waiting
+    gate.set()
+    assert p.drain(60) and len(rec.calls) == 1 and p.stats.chunks_dropped == 1
+    p.close()

@@ -258,6 +258,8 @@ def test_scheduler_hooks_land_on_the_real_targets(env):
     assert hooked.__wrapped__.__code__ is not hooked.__code__  # the registry's AROUND wrapper around the original
     assert hooked.__wrapped__.__module__ == NgramEmbeddingManager.__module__
     assert scheduler.release_kv_cache is common.release_kv_cache  # the scheduler's `from … import` copy too
+    arrive = scheduler.Scheduler.__dict__["_add_request_to_queue"]
+    assert arrive.__wrapped__.__code__ is not arrive.__code__ and arrive.__wrapped__.__module__ == scheduler.__name__
     assert common.release_kv_cache.__wrapped__.__code__ is not common.release_kv_cache.__code__
     assert hooks._stale_bindings(common.release_kv_cache.__wrapped__) == []  # no module kept the original
 
@@ -360,6 +362,47 @@ def test_a_slow_prefetch_never_delays_the_scheduler(env, monkeypatch):
     assert pf.pending_chunks == 0 and pf.stats.chunks_dropped == 3
     release.set()
     assert pf.drain(10) and pf.stats.chunks_fetched == 1
+
+
+def _scheduler(waiting: list, *, accept: bool = True):
+    """What the real ``Scheduler._add_request_to_queue`` reads of its scheduler: no disaggregation, no queue
+    limit, no hierarchical cache; ``accept`` False: the priority check refuses the request (an abort)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    return types.SimpleNamespace(_set_or_validate_priority=lambda req: accept, _release_aborted_request=lambda req: None,
+                                 disaggregation_mode=DisaggregationMode.NULL, _abort_on_queued_limit=lambda req: False,
+                                 _prefetch_kvcache=lambda req: None, waiting_queue=waiting, processed_tokens_counter=0)
+
+
+def test_an_arriving_request_has_its_first_chunk_fetched_before_it_is_scheduled(env, monkeypatch):
+    """The real Scheduler._add_request_to_queue, through our AROUND hook: a new request's first chunk (32
+    tokens here) is fetched while it waits; a retracted request or one the call aborts is not announced."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_ssd_stream.sglang import prefetch
+    from sglang_ssd_stream.sidecar.ngram import NGramHash
+
+    m = _load(env, monkeypatch, None)
+    (pf,) = prefetch.active()
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(10, 1000, 100)]
+    waiting: list = []
+    req = _req("early", prompt)
+    Scheduler._add_request_to_queue(_scheduler(waiting), req)
+    assert waiting == [req]  # sglang's own work done
+    assert pf.drain(60) and pf.stats.arrivals == 1 and pf.stats.chunks_fetched == 1 and pf.stats.tokens_fetched == 32
+    emb = m.ngram
+    h = NGramHash.from_module(emb, rows=emb.ngram_embedding.org_vocab_size)
+    cache = emb.ngram_embedding._ssd_stream.reader
+    assert cache.contains(h.chunk_ids(prompt, 0, 32)).all()  # in the cache before any scheduling
+    later = h.chunk_ids(prompt, 32, 100)
+    assert not cache.contains(later).all()
+    Scheduler._add_request_to_queue(_scheduler(waiting), _req("back", prompt[::-1]), is_retracted=True)
+    refused: list = []
+    Scheduler._add_request_to_queue(_scheduler(refused, accept=False), _req("refused", prompt[1:]))
+    assert refused == [] and len(waiting) == 2
+    assert pf.drain(60) and pf.stats.arrivals == 1 and pf.stats.chunks_fetched == 1
+    assert "1 first chunk(s) queued on arrival" in prefetch.activity_line(pf)
 
 
 def test_prefetch_off_with_the_cache_off(env, monkeypatch):

@@ -1,0 +1,42 @@
+"""Every sglang function the PLE hooks wrap, or whose behaviour they reproduce, is watched by the pinned
+manifest: a release that changes one is refused by the plugin and the doctor (``watched_code``) and shows
+in the drift report, instead of serving with a hook whose assumptions nobody re-checked. The hashes
+themselves are checked against the real wheels (``tests/test_wheel_architectures.py``) and, at start,
+against the installed engine (``tests/e2e/test_1_plugin_live.py``)."""
+
+from __future__ import annotations
+
+from sglang_ssd_stream.patching.engines import ENGINES
+from sglang_ssd_stream.patching.manifest import known_manifests
+from sglang_ssd_stream.sglang import hooks
+
+# read or reproduced, not wrapped: the one-layer-ahead call the gather relies on, and the n-gram hash the
+# prompt-ahead prefetch computes on the host
+RELIED_ON = ("sglang.srt.models.qwen4_exp.Qwen4ExpPLELayer.start_prefetch",
+             "sglang.srt.models.qwen4_exp.Qwen4ExpNGramEmbedding._hash_contexts")
+
+
+def _watched() -> set[tuple[str, str]]:
+    engine = ENGINES["sglang"]
+    manifest = next(m for m in known_manifests(engine) if m.release == engine.pinned)
+    return {(w.path, w.function) for w in manifest.watch}
+
+
+def _located(target: str, watched: set[tuple[str, str]]) -> bool:
+    parts = target.split(".")
+    return any(("/".join(parts[:k]) + ".py", ".".join(parts[k:])) in watched for k in range(1, len(parts)))
+
+
+def test_every_hook_target_is_watched():
+    targets = [t for t, _ in hooks._hooks()] + [hooks.RESOLVE, *RELIED_ON]
+    watched = _watched()
+    missing = [t for t in targets if not _located(t, watched)]
+    assert missing == [], f"not in the sglang {ENGINES['sglang'].pinned} manifest's watch list: {missing}"
+    assert len(targets) == 10
+
+
+def test_the_check_sees_a_target_that_is_not_watched():
+    watched = _watched()
+    assert _located("sglang.srt.mem_cache.common.release_kv_cache", watched)
+    assert not _located("sglang.srt.mem_cache.common.release_kv_cache_v2", watched)
+    assert not _located("sglang.srt.managers.scheduler.Scheduler.handle_generate_request", watched)

@@ -139,9 +139,9 @@ def row_cache(path: Path, rows: int, dtype: str, budget_mib: int, *, lo=None, hi
     return RowCache.for_budget(reader, budget_mib * MIB, allocate=allocate, workers=workers)
 
 
-def gather_of(cache: RowCache, dtype: str, device: str, *, mode: str, capacity_rows: int, graph_rows: int, **kw):
+def gather_of(cache: RowCache, dtype: str, device: str, *, mode: str, capacity_rows: int, graph_rows: int):
     return SidecarGather(cache, columns=COLS, is_fp8=dtype == "float8_e4m3fn", capacity_rows=capacity_rows,
-                         device=device, mode=mode, graph_rows=graph_rows, host_read=captured_read, **kw)
+                         device=device, mode=mode, graph_rows=graph_rows, host_read=captured_read)
 
 
 def lookup(g: SidecarGather, ids: torch.Tensor, out: torch.Tensor, side) -> None:

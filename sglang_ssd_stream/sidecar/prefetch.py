@@ -119,40 +119,39 @@ class PromptPrefetcher:
             if self._closed:
                 return
             self.stats.scheduled_calls += 1
-            req = self._reqs.get(key)
-            if req is None:
-                req = self._reqs[key] = _Request(tokens, fetched_to=start)
-                while len(self._reqs) > MAX_REQUESTS:  # forgotten: its queued chunks are dropped when popped
-                    self._reqs.popitem(last=False)
-            self._reqs.move_to_end(key)
-            req.tokens = tokens  # the same prompt, possibly a new list object holding it
-            # a prefix-cache hit or a retraction may move the start: never fetch what will not be computed
-            req.fetched_to = max(req.fetched_to, start)
-            horizon = min(n, end + self.window * self.chunk_tokens)
-            while req.fetched_to < horizon:
-                a = req.fetched_to
-                b = min(horizon, a + self.chunk_tokens)
-                self._queue.append((key, req, a, b))
-                self.stats.chunks_queued += 1
-                req.fetched_to = b
-            self._cond.notify()
+            self._queue_up_to(key, tokens, start, min(n, end + self.window * self.chunk_tokens))
 
     def arrived(self, key: Hashable, tokens: Sequence[int]) -> bool:
         """Request ``key`` entered the engine's waiting queue with prompt ``tokens``: queue its first chunk
-        while it waits, unless it is known already or more than ``window`` chunks are queued. Returns
-        whether the chunk was queued; returns at once either way."""
-        n = len(tokens)
+        while it waits, unless it is known already or more than ``window`` chunks are queued (a prefix-cache
+        hit found at scheduling may make part of it unneeded). Returns whether the chunk was queued;
+        returns at once either way."""
         with self._cond:
-            if self._closed or n == 0 or key in self._reqs or len(self._queue) > self.window:
+            if self._closed or not len(tokens) or key in self._reqs or len(self._queue) > self.window:
                 return False
-            req = self._reqs[key] = _Request(tokens, fetched_to=min(n, self.chunk_tokens))
-            while len(self._reqs) > MAX_REQUESTS:
-                self._reqs.popitem(last=False)
-            self._queue.append((key, req, 0, req.fetched_to))
-            self.stats.chunks_queued += 1
             self.stats.arrivals += 1
-            self._cond.notify()
+            self._queue_up_to(key, tokens, 0, min(len(tokens), self.chunk_tokens))
         return True
+
+    def _queue_up_to(self, key: Hashable, tokens: Sequence[int], start: int, horizon: int) -> None:
+        """Under the lock: remember request ``key`` (most recent last) and queue its tokens not queued yet
+        from ``start`` to ``horizon``, a chunk per entry, then wake the thread."""
+        req = self._reqs.get(key)
+        if req is None:
+            req = self._reqs[key] = _Request(tokens, fetched_to=start)
+            while len(self._reqs) > MAX_REQUESTS:  # forgotten: its queued chunks are dropped when popped
+                self._reqs.popitem(last=False)
+        self._reqs.move_to_end(key)
+        req.tokens = tokens  # the same prompt, possibly a new list object holding it
+        # a prefix-cache hit or a retraction may move the start: never fetch what will not be computed
+        req.fetched_to = max(req.fetched_to, start)
+        while req.fetched_to < horizon:
+            a = req.fetched_to
+            b = min(horizon, a + self.chunk_tokens)
+            self._queue.append((key, req, a, b))
+            self.stats.chunks_queued += 1
+            req.fetched_to = b
+        self._cond.notify()
 
     def finished(self, key: Hashable) -> None:
         """Request ``key`` is done (or aborted): its queued chunks are dropped."""

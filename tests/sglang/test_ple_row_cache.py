@@ -22,6 +22,7 @@ EXPECTED = {
     "test_a_slow_prefetch_never_delays_the_scheduler",
     "test_prefetch_off_with_the_cache_off",
     "test_an_arriving_request_has_its_first_chunk_fetched_before_it_is_scheduled",
+    "test_a_failing_prefetcher_never_reaches_the_scheduler",
 }
 
 

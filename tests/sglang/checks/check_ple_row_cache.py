@@ -405,6 +405,36 @@ def test_an_arriving_request_has_its_first_chunk_fetched_before_it_is_scheduled(
     assert "1 first chunk(s) queued on arrival" in prefetch.activity_line(pf)
 
 
+def test_a_failing_prefetcher_never_reaches_the_scheduler(env, monkeypatch, caplog):
+    """The scheduler hooks are advisory: a prefetcher that raises leaves the real sglang functions' work done and
+    their results returned, and says so once per kind of call (a real read error surfaces in the forward)."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_ssd_stream.sglang import prefetch
+
+    _load(env, monkeypatch, None)
+    (pf,) = prefetch.active()
+
+    def broken(*a, **k):
+        raise RuntimeError("prefetcher broken")
+
+    monkeypatch.setattr(pf, "arrived", broken)
+    monkeypatch.setattr(pf, "scheduled", broken)
+    monkeypatch.setattr(prefetch, "_warned", set())
+    waiting: list = []
+    with caplog.at_level("WARNING", logger=prefetch.__name__):
+        for rid in ("x", "y"):
+            req = _req(rid, list(range(10, 50)))
+            Scheduler._add_request_to_queue(_scheduler(waiting), req)
+            batch = _batch("EXTEND", [req], [0], [40])
+            assert _manager().prepare_for_forward(batch, chunked_req=None) is batch
+    assert [r.rid for r in waiting] == ["x", "y"]
+    said = [r.getMessage() for r in caplog.records if r.name == prefetch.__name__]
+    assert len(said) == 2, said  # once per kind of call, not per request
+    assert any("announcing an arriving request failed (RuntimeError: prefetcher broken)" in m for m in said)
+    assert any("announcing a batch failed (RuntimeError: prefetcher broken)" in m for m in said)
+
+
 def test_prefetch_off_with_the_cache_off(env, monkeypatch):
     from sglang_ssd_stream.sglang import prefetch
 

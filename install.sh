@@ -9,7 +9,7 @@ set -eu
 usage() {
     cat <<'USAGE'
 usage: ./install.sh [--engine sglang|vllm] [--prefix DIR] [--bin-dir DIR] [--python PY]
-                    [--lock FILE | --unlocked] [--dry-run | --check]
+                    [--lock FILE | --unlocked] [--dry-run | --check [--deep]]
 
   --engine    engine to install (default: sglang)
   --prefix    runtime root (default: ${XDG_DATA_HOME:-$HOME/.local/share}/sglang-ssd-stream)
@@ -20,11 +20,14 @@ usage: ./install.sh [--engine sglang|vllm] [--prefix DIR] [--bin-dir DIR] [--pyt
   --unlocked  install WITHOUT hash checking (pip resolves <engine>==<release> and its dependencies
               from the index as they are today); source files are still hash-checked by patch apply
   --dry-run   print what would be done, change nothing
-  --check     exit 0 only if the runtime is installed, current and verified; change nothing
+  --check     exit 0 only if the runtime is installed, current and verified (the files the patches
+              touch, by SHA-256); change nothing
+  --deep      with --check: also hash every file the engine's RECORD lists against it (slow)
 
 exit codes: 0 ok, 1 --check found a problem, 2 refused (unsupported platform, no lock, a wheel whose
 hash does not match the lock, unknown source state), 4 pip failed for another reason (network, disk),
-64 usage
+64 usage, 129/130/143 interrupted by SIGHUP/SIGINT/SIGTERM (its children stopped, a runtime or venv
+this run began removed)
 USAGE
 }
 
@@ -35,6 +38,7 @@ python=python3
 mode=install
 lock=
 unlocked=0
+deep=0
 while [ $# -gt 0 ]; do
     case $1 in
         --engine) [ $# -ge 2 ] || { usage >&2; exit 64; }; engine=$2; shift 2 ;;
@@ -45,12 +49,14 @@ while [ $# -gt 0 ]; do
         --unlocked) unlocked=1; shift ;;
         --dry-run) mode=dry-run; shift ;;
         --check) mode=check; shift ;;
+        --deep) deep=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown option $1" >&2; usage >&2; exit 64 ;;
     esac
 done
 
 [ -z "$lock" ] || [ $unlocked -eq 0 ] || { echo "install.sh: --lock and --unlocked exclude each other" >&2; exit 64; }
+[ $deep -eq 0 ] || [ "$mode" = check ] || { echo "install.sh: --deep goes with --check" >&2; exit 64; }
 
 say() { printf 'install.sh: %s\n' "$*"; }
 refuse() { printf 'install.sh: refusing: %s\n' "$*" >&2; exit 2; }
@@ -71,10 +77,11 @@ case $arch in
 esac
 command -v "$python" >/dev/null 2>&1 || refuse "no Python interpreter '$python' (use --python)"
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
-    || refuse "'$python' does not run"
+    || refuse "'$python' does not run as a Python interpreter"
 case $pyver in
     3.11|3.12|3.13) ;;
-    *) refuse "Python $pyver is unsupported; $engine $engine wheels need CPython 3.11-3.13 (use --python)" ;;
+    "") refuse "'$python' printed no Python version: it is not a Python interpreter (use --python)" ;;
+    *) refuse "Python $pyver is unsupported; the $engine wheels need CPython 3.11-3.13 (use --python)" ;;
 esac
 
 repo=$(cd "$(dirname "$0")" && pwd)
@@ -119,6 +126,8 @@ if [ "$mode" = check ]; then
     if ! engine_ok; then
         if [ -f "$venv/.engine-$engine-$pin" ]; then
             say "the $engine $pin venv at $venv was installed from another lock (or --unlocked) than $engine_id"
+        elif [ -d "$venv" ]; then
+            say "the $engine $pin venv at $venv is INCOMPLETE (an install was interrupted or failed): run install.sh again"
         else
             say "no $engine $pin venv at $venv"
         fi
@@ -129,7 +138,11 @@ if [ "$mode" = check ]; then
         say "note: the $engine venv was installed --unlocked: its wheels were never hash-checked"
     fi
     if engine_ok; then
-        "$venv/bin/$cli" patch verify --python "$vpy" || problems=1
+        if [ $deep -eq 1 ]; then
+            "$venv/bin/$cli" patch verify --deep --python "$vpy" || problems=1
+        else
+            "$venv/bin/$cli" patch verify --python "$vpy" || problems=1
+        fi
     fi
     link_ok || { say "$bin_dir/$cli does not point to $venv/bin/$cli"; problems=1; }
     [ $problems -eq 0 ] && say "runtime $runtime is installed, current and verified"
@@ -150,9 +163,48 @@ run() {
 }
 
 say "runtime: $runtime ($engine $pin, Python $pyver, $arch)"
+# A signal stops pip and what it started, removes the runtime (or venv) this run began, and exits
+# 128 + signal. pip runs in the background: sh runs a trap only once the foreground child ends.
+pip_pid=
+pip_starting=0
+created_runtime=0
+created_venv=0
+remove_partial() {  # $1: why; what this run created and has not completed
+    if [ "$created_runtime" = 1 ]; then
+        rm -rf "$runtime"
+        printf 'install.sh: %s. Removed %s; nothing was installed.\n' "$1" "$runtime" >&2
+    elif [ "$created_venv" = 1 ]; then
+        rm -rf "$venv"
+        printf 'install.sh: %s. Removed %s; nothing was installed.\n' "$1" "$venv" >&2
+    else
+        printf 'install.sh: %s. The runtime %s is as it was.\n' "$1" "$runtime" >&2
+    fi
+}
+on_signal() {  # $1: signal name, $2: exit code
+    trap '' HUP INT TERM
+    # between pip's fork and `pip_pid=$!` the pid is only in $!
+    [ -n "$pip_pid" ] || [ "$pip_starting" = 0 ] || pip_pid=$!
+    if [ -n "$pip_pid" ]; then
+        pkill -TERM -P "$pip_pid" 2>/dev/null || true
+        kill -TERM "$pip_pid" 2>/dev/null || true
+        wait "$pip_pid" 2>/dev/null || true
+    fi
+    remove_partial "interrupted by SIG$1"
+    exit "$2"
+}
+trap 'on_signal HUP 129' HUP
+trap 'on_signal INT 130' INT
+trap 'on_signal TERM 143' TERM
 pip_install() {  # pip_install ARGS...: hash-checked unless --unlocked; a failure removes what this run made
     log=$(mktemp)
-    if "$vpy" -m pip install --disable-pip-version-check -q "$@" >"$log" 2>&1; then
+    pip_starting=1
+    "$vpy" -m pip install --disable-pip-version-check -q "$@" >"$log" 2>&1 &
+    pip_pid=$!
+    pip_starting=0
+    pip_rc=0
+    wait "$pip_pid" || pip_rc=$?
+    pip_pid=
+    if [ $pip_rc -eq 0 ]; then
         rm -f "$log"
         return 0
     fi
@@ -165,15 +217,7 @@ pip_install() {  # pip_install ARGS...: hash-checked unless --unlocked; a failur
         code=4
     fi
     rm -f "$log"
-    if [ "$created_runtime" = 1 ]; then
-        rm -rf "$runtime"
-        printf 'install.sh: %s. Removed %s; nothing was installed.\n' "$why" "$runtime" >&2
-    elif [ "$created_venv" = 1 ]; then
-        rm -rf "$venv"
-        printf 'install.sh: %s. Removed %s; nothing was installed.\n' "$why" "$venv" >&2
-    else
-        printf 'install.sh: %s. The runtime %s is as it was.\n' "$why" "$runtime" >&2
-    fi
+    remove_partial "$why"
     exit $code
 }
 created_runtime=0
@@ -187,9 +231,9 @@ if engine_ok; then
     fi
 else
     if [ $unlocked -eq 1 ]; then
-        say "$engine $pin venv: creating WITHOUT hash checking (downloads ~2-3 GB; about 5 minutes)"
+        say "$engine $pin venv: creating WITHOUT hash checking (~11 GB on disk; 5-15 minutes, pip prints nothing meanwhile)"
     else
-        say "$engine $pin venv: creating from $lock, every wheel hash-checked (downloads ~2-3 GB; about 5 minutes)"
+        say "$engine $pin venv: creating from $lock, every wheel hash-checked (~11 GB on disk; 5-15 minutes, pip prints nothing meanwhile)"
     fi
     created_venv=1
     run rm -rf "$venv"
@@ -202,6 +246,8 @@ else
     fi
     if [ "$mode" = install ]; then
         printf '%s\n' "$engine_id" > "$venv/.engine-$engine-$pin"
+        created_runtime=0  # the venv is complete: an interruption from here on keeps it
+        created_venv=0
     fi
 fi
 if kit_ok; then

@@ -13,6 +13,9 @@ EXIT_REFUSED = 2  # unknown/half-patched/missing source state, wrong release: no
 EXIT_BAD_KIT_DATA = 3  # manifest or diff invalid (corrupt, path escape): nothing changed
 EXIT_ENVIRONMENT = 4  # engine not found, permission denied, I/O error: nothing changed
 EXIT_LOCKED = 5  # another installer holds the lock
+EXIT_PENDING = 6  # status/verify: an interrupted patch command left its journal; `patch recover` finishes it
+EXIT_CHANGED = 7  # the change was made (past the commit point), but the command did not end normally: a
+#                   signal, an unwritable stdout or a failed final check came after it; run `patch verify`
 EXIT_USAGE = 64  # bad command line (EX_USAGE)
 
 
@@ -51,6 +54,12 @@ class EnvironmentProblem(KitError, OSError):
     """The engine cannot be found, or a file cannot be read or written."""
 
     exit_code = EXIT_ENVIRONMENT
+
+
+class ChangedButUnfinished(KitError):
+    """Past the commit point: every file was changed, then the final check (or the report) failed."""
+
+    exit_code = EXIT_CHANGED
 
 
 class LockHeld(KitError):

@@ -46,6 +46,15 @@ def test_refuses_unsupported_python(tmp_path):
     assert not (tmp_path / "rt").exists()
 
 
+def test_refuses_a_program_that_is_not_python(tmp_path):
+    """`--python /bin/true` runs, exits 0 and prints nothing: named as not a Python (it said "Python  is
+    unsupported; sglang sglang wheels")."""
+    r = run(["--python", "/bin/true", "--prefix", str(tmp_path / "rt")])
+    assert r.returncode == 2 and "'/bin/true' printed no Python version: it is not a Python interpreter" in r.stderr
+    assert "Python  is" not in r.stderr and "sglang sglang" not in r.stderr
+    assert not (tmp_path / "rt").exists()
+
+
 def test_refuses_missing_python(tmp_path):
     r = run(["--python", "/nonexistent/python", "--prefix", str(tmp_path / "rt")])
     assert r.returncode == 2 and "no Python interpreter" in r.stderr
@@ -195,3 +204,88 @@ def test_real_install_then_verified_noop_rerun(tmp_path):
     finally:
         target.write_bytes(original)
     assert run(["--check", "--prefix", str(prefix), "--bin-dir", str(bindir)]).returncode == 0
+
+
+def _silent_index():
+    """A package index that accepts connections and never answers: pip waits in it until stopped."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    return srv, f"http://127.0.0.1:{srv.getsockname()[1]}/simple"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _pip_of(pid: int) -> int | None:
+    for child in _children(pid):
+        try:
+            if b"pip\0install" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+        except OSError:
+            pass
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP", "SIGKILL"])
+def test_a_signal_during_pip_stops_it_and_removes_the_half_built_runtime(tmp_path, sig):
+    import signal
+
+    srv, index = _silent_index()
+    prefix = tmp_path / "rt"
+    env = {**os.environ, "PIP_INDEX_URL": index, "PIP_CONFIG_FILE": os.devnull, "PIP_DEFAULT_TIMEOUT": "600",
+           "PIP_RETRIES": "0", "PIP_NO_CACHE_DIR": "1", "HOME": str(tmp_path)}
+    proc = subprocess.Popen(["sh", str(INSTALL), "--unlocked", "--python", sys.executable, "--prefix", str(prefix),
+                             "--bin-dir", str(tmp_path / "bin")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        deadline = time.monotonic() + 240  # venv creation (ensurepip) first; pip then waits on the index
+        pip = None
+        while pip is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            pip = _pip_of(proc.pid)
+        assert pip is not None, (proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+        time.sleep(1.0)  # pip is inside its request now
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        srv.close()
+    runtime = next(prefix.glob("sglang-*"), None)
+    if sig == "SIGKILL":  # no trap runs: the half-built venv stays, and --check says what it is
+        assert proc.returncode == -9
+        pip_deadline = time.monotonic() + 60  # pip is orphaned, not killed: stop it here
+        os.kill(pip, signal.SIGKILL) if _alive(pip) else None
+        while _alive(pip) and time.monotonic() < pip_deadline:
+            time.sleep(0.2)
+        r = run(["--check", "--unlocked", "--python", sys.executable, "--prefix", str(prefix),
+                 "--bin-dir", str(tmp_path / "bin")])
+        assert r.returncode == 1 and "is INCOMPLETE (an install was interrupted or failed)" in r.stdout, r.stdout
+        return
+    code = {"SIGTERM": 143, "SIGINT": 130, "SIGHUP": 129}[sig]
+    assert proc.returncode == code, (proc.returncode, err)
+    assert f"interrupted by {sig}" in err and "nothing was installed" in err, err
+    assert runtime is None, list(prefix.iterdir())  # the runtime this run began is gone
+    deadline = time.monotonic() + 30
+    while _alive(pip) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pip), "pip outlived install.sh"

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_OK, EXIT_REFUSED, KitError
+from ..errors import EXIT_CHANGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_PENDING, EXIT_REFUSED, KitError
 from . import commands
 from .engines import ENGINES
 from .state import MISSING, PATCHED, PRISTINE, UNKNOWN
 from .target import from_python, from_site_packages
-from .transaction import Interrupted
+from .transaction import Interrupted, deferred_signals
 
 EXIT_CODES_HELP = """exit codes:
   0  success (verify: every file is patched)
@@ -21,12 +24,17 @@ EXIT_CODES_HELP = """exit codes:
      release, or a journal this kit did not write
   3  kit data invalid: corrupt diff, series or manifest, unsafe path
   4  environment: engine not found, permission denied, I/O error (the file and errno are named); a
-     failed apply/revert was rolled back. Also: an interrupted change could not be rolled back yet
-     (status/verify report it; `patch status` with write access finishes it once the fault is gone)
+     failed apply/revert was rolled back, or a rollback could not finish (`patch recover` once the
+     fault is gone)
   5  another installer holds the lock
+  6  status/verify: an interrupted apply/revert left its journal; the files may be mixed (run
+     `patch recover`; apply and revert also recover first)
+  7  the change WAS made, then a signal, an unwritable stdout or the final check failed (run
+     `patch verify`)
  64  usage error
-130/143  interrupted by SIGINT/SIGTERM: rolled back
-Refusals (2, 3, 5) change nothing; 4, 130 and 143 leave every file as it was."""
+130/143  interrupted by SIGINT/SIGTERM before the commit point: rolled back
+Refusals (2, 3, 5) change nothing; 4, 130 and 143 leave every file as it was. status and verify
+never write."""
 
 
 CHANGE_VERBS = ("patch ", "restore ")  # report actions that write (commands.py words them so)
@@ -37,12 +45,13 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
         "patch", help=f"apply, verify or revert this kit's {engine.name} source patches",
         description=f"Hash-verified source patches for {engine.name}.", epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    verbs = patch.add_subparsers(dest="verb", required=True, metavar="{status,verify,apply,revert,drift}")
+    verbs = patch.add_subparsers(dest="verb", required=True, metavar="{status,verify,apply,revert,recover,drift}")
     helps = {
-        "status": "per file: pristine / patched / unknown / missing",
-        "verify": "exit 0 only when every file is in the patched state",
+        "status": "per file: pristine / patched / unknown / missing (writes nothing)",
+        "verify": "exit 0 only when every file is in the patched state (writes nothing)",
         "apply": "apply the patch series (no-op when already patched)",
         "revert": "restore the pristine files byte for byte from our backups",
+        "recover": "roll back what an interrupted apply/revert left (its journal) to pristine",
     }
     for verb, text in helps.items():
         p = verbs.add_parser(verb, help=text, description=text, epilog=EXIT_CODES_HELP,
@@ -113,39 +122,95 @@ def run_drift_command(args, engine_name: str) -> int:
     return EXIT_OK
 
 
+WRITE_VERBS = ("apply", "revert", "recover")
+
+
 def run_patch_command(args, engine_name: str) -> int:
     engine = ENGINES[engine_name]
     root = Path(args.data_dir) if args.data_dir else None
-    try:
-        target = (from_site_packages(engine, args.site_packages) if args.site_packages
-                  else from_python(engine, args.python))
-        if args.verb == "status":
-            report = commands.status(target, root, provenance=True, deep=args.deep)
-        elif args.verb == "verify":
-            report = commands.verify(target, root, provenance=True, deep=args.deep)
-        elif args.verb == "apply":
-            report = commands.apply(target, root, dry_run=args.dry_run)
-        else:
-            report = commands.revert(target, root, dry_run=args.dry_run)
-    except KeyboardInterrupt:  # before any write (inside a transaction the signal is handled there)
-        exc = Interrupted("interrupted by SIGINT before anything was written; nothing was changed")
-    except KitError as exc_:
-        exc = exc_
-    else:
-        exc = None
+    hold = deferred_signals() if args.verb in WRITE_VERBS else contextlib.nullcontext(lambda: None)
+    report = exc = None
+    with hold as late_signal:
+        try:
+            target = (from_site_packages(engine, args.site_packages) if args.site_packages
+                      else from_python(engine, args.python))
+            if args.verb == "status":
+                report = commands.status(target, root, provenance=True, deep=args.deep)
+            elif args.verb == "verify":
+                report = commands.verify(target, root, provenance=True, deep=args.deep)
+            elif args.verb == "apply":
+                report = commands.apply(target, root, dry_run=args.dry_run)
+            elif args.verb == "revert":
+                report = commands.revert(target, root, dry_run=args.dry_run)
+            else:
+                report = commands.recover(target, root)
+        except KeyboardInterrupt:  # status/verify only (they never write); write verbs record signals
+            exc = Interrupted("interrupted by SIGINT; nothing was changed")
+        except KitError as exc_:
+            exc = exc_
+        signum = late_signal()
+        code = _report(args, engine, report, exc, signum)
+    return code
+
+
+def _report(args, engine, report, exc, signum) -> int:
+    """Print the outcome; its exit code. A signal or an unwritable stdout after a committed change
+    never hides that the change was made (exit 7, said on stderr)."""
     if exc is not None:
-        if args.json:
-            print(json.dumps({"command": args.verb, "engine": engine.name, "error": type(exc).__name__,
-                              "message": exc.message, "exit_code": exc.exit_code}, indent=1))
-        print(f"{engine.name}: {exc.message}", file=sys.stderr)
-        return exc.exit_code
-    if args.verb == "status" and report.exit_code == EXIT_OK and any(f.state in (UNKNOWN, MISSING) for f in report.files):
+        code = exc.exit_code
+        lines = [f"{engine.name}: {exc.message}"]
+        if signum is not None and code == EXIT_OK:
+            code = 128 + signum
+        _emit(args, {"command": args.verb, "engine": engine.name, "error": type(exc).__name__,
+                     "message": exc.message, "exit_code": code} if args.json else None, None, lines)
+        return code
+    if args.verb == "status" and report.exit_code in (EXIT_OK, EXIT_PENDING) \
+            and any(f.state in (UNKNOWN, MISSING) for f in report.files):
         report.exit_code = EXIT_REFUSED  # the README's "2: unknown or missing source state", for status too
-    if args.json:
-        print(json.dumps(report.as_json(), indent=1))
-    else:
-        render(report)
+    late = []
+    if signum is not None:
+        name = signal.Signals(signum).name
+        if report.committed:
+            report.exit_code = EXIT_CHANGED
+            late.append(f"{engine.name}: {name} arrived after the commit point: the change above WAS made and is "
+                        f"kept; stopping now (exit {EXIT_CHANGED})")
+        else:
+            report.exit_code = 128 + signum
+            late.append(f"{engine.name}: interrupted by {name}; nothing was changed")
+    written = _emit(args, report.as_json() if args.json else None, report if not args.json else None, late)
+    if not written:
+        if report.committed:
+            _stderr(f"{engine.name}: the {args.verb} WAS made, but its report could not be written to stdout; "
+                    f"run `{engine.tool} patch verify` (exit {EXIT_CHANGED})")
+            return EXIT_CHANGED
+        _stderr(f"{engine.name}: the report could not be written to stdout; nothing was changed")
+        return EXIT_ENVIRONMENT if report.exit_code == EXIT_OK else report.exit_code
     return report.exit_code
+
+
+def _emit(args, doc, report, stderr_lines) -> bool:
+    """Write the JSON document or the rendered report to stdout; False when stdout cannot take it."""
+    for line in stderr_lines:
+        _stderr(line)
+    try:
+        if doc is not None:
+            print(json.dumps(doc, indent=1))
+        elif report is not None:
+            render(report)
+        sys.stdout.flush()
+    except OSError:
+        # keep the interpreter's exit flush from failing again (and printing a traceback)
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return False
+    return True
+
+
+def _stderr(line: str) -> None:
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def render(report: commands.Report) -> None:
@@ -159,9 +224,10 @@ def render(report: commands.Report) -> None:
     for path in report.recovered:
         print(f"  recovered   {path} (an interrupted transaction was rolled back to pristine)")
     if report.pending_recovery:
-        print(f"  NOT RECOVERED: an interrupted transaction is pending and could not be rolled back: "
-              f"{report.pending_reason}\n  Once the fault is gone, run `{m.engine.tool} patch status` with write "
-              f"access; until then every file below may be mixed and the engine must not be used.")
+        print(f"  PENDING: {report.pending_reason}. Until then every file below may be mixed and the engine must "
+              f"not be used.")
+    for label in report.leftovers:
+        print(f"  leftover    {label} (of an interrupted command; apply, revert or recover removes it)")
     width = max(len(f.entry.path) for f in report.files)
     for f in report.files:
         extra = f"  ({', '.join(f.matches)})" if f.matches else f"  ({f.detail})" if f.detail else ""

@@ -1,8 +1,11 @@
-"""status / verify / apply / revert over one engine install, as data (the CLI renders it).
+"""status / verify / apply / revert / recover over one engine install, as data (the CLI renders it).
 
-Refusals are decided before anything is created: apply and revert first plan from a read-only
-survey (no lock, no state directory), and only a plan with writes takes the lock, re-surveys
-under it and commits through the Transaction (which rolls back on any fault or signal).
+status and verify only read: a journal left by an interrupted command is reported (exit 6), never
+acted on. Recovery runs only in apply, revert and recover, under the lock. Refusals are decided
+before anything is created: apply and revert first plan from a read-only survey (no lock, no state
+directory), and only a plan with writes takes the lock, re-surveys under it and commits through the
+Transaction (which rolls back on any fault or signal). Past the commit point nothing is reported as
+unchanged: a failed final check raises ChangedButUnfinished (exit 7).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import (EXIT_ENVIRONMENT, EXIT_NOT_VERIFIED, EXIT_OK, BadKitData, EnvironmentProblem,
+from ..errors import (EXIT_NOT_VERIFIED, EXIT_OK, EXIT_PENDING, BadKitData, ChangedButUnfinished, KitError,
                       RefusedSourceState, UnsupportedRelease)
 from .diff import apply_file, load_patch, upstream_status
 from .manifest import Manifest, known_manifests
@@ -28,8 +31,10 @@ class Report:
     files: list[FileState] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
-    pending_recovery: bool = False
+    pending_recovery: bool = False  # a journal of an interrupted command is there (status/verify: exit 6)
     pending_reason: str = ""
+    leftovers: list[str] = field(default_factory=list)  # temps of ours; the next apply/revert/recover removes them
+    committed: bool = False  # a change was written (past the commit point)
     dry_run: bool = False
     exit_code: int = EXIT_OK
     upstream: dict[str, str] = field(default_factory=dict)  # patch id -> status, from its DEP-3 header
@@ -50,6 +55,8 @@ class Report:
             "recovered": self.recovered,
             "pending_recovery": self.pending_recovery,
             "pending_reason": self.pending_reason,
+            "leftovers": self.leftovers,
+            "committed": self.committed,
             "wheel": self.wheel.as_json() if self.wheel is not None else None,
             "record_mismatches": self.record_mismatches,
             "dry_run": self.dry_run,
@@ -144,23 +151,21 @@ def upstream_of(manifest: Manifest) -> dict[str, str]:
 
 def status(target: Target, root: Path | None = None, command: str = "status", *,
            provenance: bool = False, deep: bool = False) -> Report:
-    """Per-file states. A pending journal (or leftovers of ours) is recovered when we can take the lock;
-    when the recovery cannot finish (a lasting fault, no write access) the report says so, exit 4."""
+    """Per-file states; writes nothing. A pending journal (checked against the manifest first) is
+    reported with its files and the command that finishes it: exit 6."""
     manifest, manifests = select_manifest(target, root)
     report = Report(command, target, manifest)
     with StateView(target.site_packages, manifest) as view:
-        journal = view.load_journal() is not None  # a journal we did not write is refused before any write
-        leftovers = bool(view.leftovers())
-    if journal or leftovers:
-        try:
-            with Transaction(target.site_packages, manifest) as txn:
-                report.recovered = txn.recover()
-                report.actions += txn.warnings
-        except (EnvironmentProblem, OSError) as exc:
-            if journal:
-                report.pending_recovery = True
-                report.pending_reason = getattr(exc, "message", None) or str(exc)
-                report.exit_code = EXIT_ENVIRONMENT
+        record = view.load_journal()  # a journal we did not write is refused here (exit 2)
+        report.leftovers = [label for _fd, _name, label in view.leftovers()]
+    if record is not None:
+        op, entries = record
+        report.pending_recovery = True
+        report.pending_reason = (
+            f"an interrupted `patch {op}` left its journal {view.journal} for "
+            f"{', '.join(e.path for e, _b, _a in entries)}; the files may be mixed. "
+            f"`{manifest.engine.tool} patch recover` rolls them back to pristine (apply and revert do it first)")
+        report.exit_code = EXIT_PENDING
     report.files = survey(manifest, target.site_packages, manifests)
     if provenance:
         from .wheels import check_record_files, installed_origin
@@ -176,7 +181,7 @@ def status(target: Target, root: Path | None = None, command: str = "status", *,
 def verify(target: Target, root: Path | None = None, **kw) -> Report:
     report = status(target, root, command="verify", **kw)
     if report.pending_recovery:
-        report.exit_code = EXIT_ENVIRONMENT
+        report.exit_code = EXIT_PENDING
     elif any(f.state != PATCHED for f in report.files) or report.record_mismatches:
         report.exit_code = EXIT_NOT_VERIFIED
     return report
@@ -205,17 +210,13 @@ def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Re
             report.files = files
             return report
     with Transaction(target.site_packages, manifest, create=True) as txn:
-        report.recovered = txn.recover()
-        report.actions = []
+        _recover_first(report, txn)
         files = survey(manifest, target.site_packages, manifests)
         writes = _plan_apply(report, manifest, manifests, files)
         txn.commit(writes, "apply")
+        report.committed = bool(writes) or bool(report.recovered)
         report.actions += txn.warnings
-    report.files = survey(manifest, target.site_packages, manifests)
-    if any(f.state != PATCHED for f in report.files):
-        raise RefusedSourceState("apply finished but not every file verifies as patched: "
-                                 + ", ".join(f"{f.entry.path}={f.state}" for f in report.files))
-    return report
+    return _final_check(report, manifests, PATCHED)
 
 
 def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], files: list[FileState]) -> list[Write]:
@@ -258,16 +259,57 @@ def revert(target: Target, root: Path | None = None, dry_run: bool = False) -> R
             report.files = files
             return report
     with Transaction(target.site_packages, manifest) as txn:
-        report.recovered = txn.recover()
-        report.actions = []
+        _recover_first(report, txn)
         files = survey(manifest, target.site_packages, manifests)
         writes = _plan_revert(report, manifests, files, txn)
         txn.commit(writes, "revert")
+        report.committed = bool(writes) or bool(report.recovered)
         report.actions += txn.warnings
-    report.files = survey(manifest, target.site_packages, manifests)
-    if any(f.state != PRISTINE for f in report.files):
-        raise RefusedSourceState("revert finished but not every file is pristine: "
-                                 + ", ".join(f"{f.entry.path}={f.state}" for f in report.files))
+    return _final_check(report, manifests, PRISTINE)
+
+
+def recover(target: Target, root: Path | None = None) -> Report:
+    """Finish what an interrupted apply/revert left: roll its files back to pristine (refused when that
+    would leave a patch group mixed), remove leftover temps. Nothing to do is exit 0."""
+    manifest, manifests = select_manifest(target, root)
+    report = Report("recover", target, manifest)
+    if not _pending(target, manifest):
+        report.actions.append("nothing to recover: no journal and no leftovers of an interrupted command")
+        report.files = survey(manifest, target.site_packages, manifests)
+        return report
+    with Transaction(target.site_packages, manifest) as txn:
+        _recover_first(report, txn)
+        report.committed = bool(report.recovered)
+        report.actions += txn.warnings
+    if not report.recovered:
+        report.actions.append("removed leftovers of an interrupted command; no file needed a rollback")
+    return _final_check(report, manifests, None)
+
+
+def _recover_first(report: Report, txn: Transaction) -> None:
+    record = txn.load_journal()
+    report.recovered = txn.recover()
+    if record is not None:
+        report.actions.append(f"an interrupted `patch {record[0]}` had left its files mixed: rolled "
+                              f"{len(report.recovered)} file(s) back to pristine first")
+
+
+def _final_check(report: Report, manifests: list[Manifest], want: str | None) -> Report:
+    """The survey after a commit: whatever fails here, the change was made, and the error says so."""
+    changed = report.committed
+    try:
+        report.files = survey(report.manifest, report.target.site_packages, manifests)
+    except KitError as exc:
+        if not changed:
+            raise
+        raise ChangedButUnfinished(f"the {report.command} was made (committed), but the final check failed: "
+                                   f"{exc.message}. Run `{report.manifest.engine.tool} patch verify`.") from None
+    if want is not None and any(f.state != want for f in report.files):
+        listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
+        if changed:
+            raise ChangedButUnfinished(f"the {report.command} was made (committed), but not every file is "
+                                       f"{want} now: {listing}; another process changed them meanwhile?")
+        raise RefusedSourceState(f"{report.command}: not every file is {want}: {listing}")
     return report
 
 

@@ -105,6 +105,8 @@ def load_patch(path: Path, patch_id: str) -> ParsedPatch:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadKitData(f"patch {patch_id}: diff file {path} is not UTF-8: {exc}") from None
+    if "\0" in text:  # unidiff would take it as line content
+        raise BadKitData(f"patch {patch_id}: diff file {path} contains a NUL byte; not a text diff of ours")
     header = parse_header(text, f"patch {patch_id} ({path})")
     try:
         patch_set = unidiff.PatchSet(text)

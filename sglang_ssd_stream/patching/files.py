@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from .. import strict_json
-from ..errors import BadKitData
+from ..errors import BadKitData, EnvironmentProblem
 
 O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -134,8 +134,8 @@ def read_kit_file(path: Path, what: str, limit: int = MAX_KIT_DOC_BYTES) -> byte
         raise BadKitData(f"{what} {path} is larger than {limit} bytes") from None
     except FileNotFoundError:
         raise BadKitData(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise BadKitData(f"{what} {path} is unreadable: {errno_text(exc)}") from None
+    except OSError as exc:  # the data may be fine; the machine cannot read it (EIO, EACCES): exit 4, not 3
+        raise EnvironmentProblem(f"cannot read {what} {path}: {errno_text(exc)}; nothing was changed") from None
 
 
 def parse_json(raw: bytes, what: str, error=BadKitData):

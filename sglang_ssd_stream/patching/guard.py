@@ -59,10 +59,10 @@ class Verdict:
             out = [Finding(ERROR, "source", f"{name} is half-patched ({self.listing}); half-patched files are never "
                            f"used", f"{tool} patch apply (it completes or recovers the series)")]
         elif self.state == PENDING:
-            out = [Finding(ERROR, "source", f"{name}: a patch transaction could not be rolled back and is pending; "
-                           f"files may be mixed ({self.listing})",
-                           f"once the fault it names is gone, run {tool} patch status with write access to the "
-                           f"engine's site-packages: it rolls every file back to pristine; then {tool} patch apply")]
+            out = [Finding(ERROR, "source", f"{name}: an interrupted patch command left its journal; files may be "
+                           f"mixed ({self.listing})",
+                           f"{tool} patch recover (with write access to the engine's site-packages) rolls them back "
+                           f"to pristine; then {tool} patch apply")]
         elif self.state == UNKNOWN:
             out = [Finding(ERROR, "source", f"{name} files match no state this kit knows ({self.listing})",
                            f"reinstall the engine as released (pip install --force-reinstall --no-deps "

@@ -19,12 +19,15 @@ step boundary, never in the middle of one), rolls back in the same process: each
 renamed back over its file (no data is written, so a full disk cannot stop it; the file gets its
 own inode back), temps are removed, and so are the backups, lock and directories this transaction
 created. The command then fails with exit 4 naming the file and errno, or 130/143 for a signal.
-Only when the rollback itself fails does the journal stay; every command then reports that state
-(exit 4) and the next one with write access rolls the files back to pristine from the backups.
+Only when the rollback itself fails does the journal stay; status and verify then report it (exit 6,
+writing nothing) and apply, revert or recover roll the files back to pristine from the backups.
+Past the commit point nothing is rolled back: a signal there is honoured once the command has
+reported the change (exit 7).
 
 A process killed outright (SIGKILL, power loss) also leaves the journal, handled the same way. A
 journal is trusted only after it is checked against the release's manifest (schema, safe paths,
-known files and hashes); backups are looked up by content hash only and re-hashed when read.
+known files and hashes) and only when rolling its files back leaves every patch group whole (all
+pristine or all patched); backups are looked up by content hash only and re-hashed when read.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ import os
 import signal
 import stat
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadKitData, EnvironmentProblem, KitError, LockHeld, RefusedSourceState
+from ..errors import BadKitData, ChangedButUnfinished, EnvironmentProblem, KitError, LockHeld, RefusedSourceState
 from .files import NotAFile, errno_text, open_parent, parse_json, read_at
 from .manifest import FileEntry, Manifest, safe_relative_path
 from .state import open_site, sha256_bytes
@@ -54,6 +58,33 @@ O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 ROLLED_BACK = "rolled back: every file is as it was. Nothing was changed."
+
+
+# A write command's signals, recorded for its whole run (the CLI's deferred_signals): one received before
+# a Transaction starts stops it at its first step; one after the commit point is handed back here.
+_deferred: dict = {"on": False, "signum": None}
+
+
+@contextmanager
+def deferred_signals():
+    """SIGINT/SIGTERM recorded instead of raised while a write command runs (main thread only);
+    yields a callable returning the signal received (None if none)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+
+    def record(signum, frame):
+        if _deferred["signum"] is None:
+            _deferred["signum"] = signum
+
+    previous = {s: signal.signal(s, record) for s in SIGNALS}
+    _deferred.update(on=True, signum=None)
+    try:
+        yield lambda: _deferred["signum"]
+    finally:
+        _deferred["on"] = False
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 class Interrupted(KitError):
@@ -297,6 +328,7 @@ class Transaction(StateView):
         self._handlers: dict = {}
         self._step_name = ""
         self._rolling_back = False
+        self.committed = False  # past the commit point: what follows never rolls back
         self.warnings: list[str] = []
 
     # --- test seam: called before every write step; fault tests kill, raise or signal here
@@ -318,6 +350,8 @@ class Transaction(StateView):
             self._signal = signum
 
     def _install_signals(self) -> None:
+        if _deferred["on"] and _deferred["signum"] is not None:
+            self._signal = _deferred["signum"]  # arrived before this transaction: stop at its first step
         if threading.current_thread() is not threading.main_thread():
             return
         for s in SIGNALS:
@@ -366,8 +400,14 @@ class Transaction(StateView):
         self._close()
         self._restore_signals()
         if exc_type is None and signum is not None:
+            if _deferred["on"]:
+                _deferred["signum"] = signum  # the command reports what it did, then honours it
+                return
+            if self.committed:
+                raise ChangedButUnfinished(f"interrupted by {signal.Signals(signum).name} after the commit point: "
+                                           f"the change was made; every file is in the state it reports")
             raise Interrupted(f"interrupted by {signal.Signals(signum).name} after the command had finished its "
-                              f"work; every file is in the state the command reports", signum)
+                              f"work; nothing was changed", signum)
 
     def _mkdir(self, parent: int, name: str, label: str) -> None:
         self._step(f"mkdir {label}")
@@ -380,6 +420,7 @@ class Transaction(StateView):
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         for _ in range(3):
             created = False
+            self._step_name = f"open {label}"  # named in the error when the open itself fails
             try:
                 try:
                     fd = os.open("lock", flags, dir_fd=fd_dir)
@@ -394,6 +435,9 @@ class Transaction(StateView):
                 if exc.errno == errno.ELOOP:
                     raise RefusedSourceState(f"{self.dir / 'lock'} is a symlink; refusing to open it. "
                                              f"Nothing was changed.") from None
+                if exc.errno == errno.EISDIR:
+                    raise RefusedSourceState(f"{self.dir / 'lock'} is not a regular file (a directory); refusing "
+                                             f"it. Nothing was changed.") from None
                 raise
             if created:
                 self._created.append((fd_dir, "lock", False))
@@ -524,6 +568,7 @@ class Transaction(StateView):
             self._unlink(self._engine_fd, JOURNAL, "journal")  # the commit point
         except BaseException as exc:
             self._abort(exc, writes, op)
+        self.committed = True
         self._sync_after_commit()
 
     def _sync_after_commit(self) -> None:
@@ -559,7 +604,7 @@ class Transaction(StateView):
                 raise EnvironmentProblem(
                     f"{cause}. The rollback failed too ({'; '.join(problems)}): the journal {self.journal} is kept "
                     f"and the files may be mixed, which every command refuses to use. Once the fault is gone, run "
-                    f"`{self.engine.tool} patch status` with write access: it rolls every file back to pristine."
+                    f"`{self.engine.tool} patch recover` with write access: it rolls every file back to pristine."
                 ) from None
             raise EnvironmentProblem(f"{cause}. Nothing was changed, but a temporary file could not be removed "
                                      f"({'; '.join(problems)}); the next patch command removes it.") from None
@@ -656,7 +701,7 @@ class Transaction(StateView):
                     f"to use" if record is not None else "nothing was changed")
             raise EnvironmentProblem(
                 f"cannot finish the rollback of an interrupted patch command: cannot {self._step_name}: "
-                f"{errno_text(exc)}; {what}. Once the fault is gone, run `{self.engine.tool} patch status` with "
+                f"{errno_text(exc)}; {what}. Once the fault is gone, run `{self.engine.tool} patch recover` with "
                 f"write access: it rolls every file back to pristine.") from None
 
     def _recover(self, record) -> list[str]:
@@ -665,26 +710,58 @@ class Transaction(StateView):
         if record is None:
             return []
         _op, entries = record
-        restored = []
+        plan = []  # (entry, dir fd, name, stat) of each file to roll back
         for entry, before, after in entries:
-            dir_fd, name = self._target_dir(entry.path)
-            try:
-                data, st = read_at(dir_fd, name, what=entry.path)
-                current = sha256_bytes(data)
-            except FileNotFoundError:
-                current, st = None, None
-            except NotAFile as exc:
-                raise RefusedSourceState(f"{exc} since an interrupted transaction; refusing to recover over it. "
-                                         f"Nothing was changed.") from None
+            current, st = self._current(entry)
             if current == entry.pristine:
                 continue
             if current not in (before, after):
                 raise RefusedSourceState(f"{entry.path} changed since an interrupted transaction (SHA-256 "
                                          f"{current}); refusing to recover over it. Nothing was changed.")
+            plan.append(entry)
+        self._refuse_mixed_groups({e.path for e, _b, _a in entries})
+        restored = []
+        for entry in plan:
+            dir_fd, name = self._target_dir(entry.path)
+            _current, st = self._current(entry)
             pristine = self.read_backup(entry.pristine, entry.path)
             self._atomic(dir_fd, name, entry.path, pristine, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
             self._drop_bytecode(entry.path)
             restored.append(entry.path)
         self._unlink(self._engine_fd, JOURNAL, "journal")
+        self.committed = True
         self._sync_after_commit()
         return restored
+
+    def _current(self, entry: FileEntry) -> tuple[str | None, os.stat_result | None]:
+        """SHA-256 and stat of a target now (None, None when missing); an odd file or path is refused."""
+        try:
+            dir_fd, name = self._target_dir(entry.path)
+            data, st = read_at(dir_fd, name, what=entry.path)
+        except FileNotFoundError:
+            return None, None
+        except NotAFile as exc:
+            raise RefusedSourceState(f"{exc} since an interrupted transaction; refusing to recover over it. "
+                                     f"Nothing was changed.") from None
+        return sha256_bytes(data), st
+
+    def _refuse_mixed_groups(self, rolled_back: set[str]) -> None:
+        """A recovery must leave every patch group all-pristine or all-patched: the journal's files end
+        pristine, every other file keeps its state. A journal that would split a group is refused."""
+        ends = {}
+        for entry in self.manifest.files:
+            if entry.path in rolled_back:
+                ends[entry.path] = "pristine"
+                continue
+            current, _st = self._current(entry)
+            ends[entry.path] = ("pristine" if current == entry.pristine else "patched" if current == entry.patched
+                                else "unknown")
+        for patch in self.manifest.patches:
+            group = [e.path for e in self.manifest.files if patch.id in e.patches]
+            if len({ends[p] for p in group}) > 1:
+                raise RefusedSourceState(
+                    f"refusing the journal {self.journal}: rolling back its files would leave patch group "
+                    f"{patch.id} mixed ({', '.join(f'{p} {ends[p]}' for p in group)}). A journal this kit writes "
+                    f"lists every file its command changes. Nothing was changed; reinstall the engine (pip install "
+                    f"--force-reinstall --no-deps {self.engine.distribution}=={self.manifest.release}), delete the "
+                    f"journal, and apply again.")

@@ -1,16 +1,17 @@
 """Kill the installer (os._exit, like SIGKILL) at every write step; files must never end mixed.
 
-A killed process cannot roll back: the next command that takes the lock does, from the journal
-and the content-addressed backups.
+A killed process cannot roll back: ``status`` then reports the journal and writes nothing (exit 6);
+``recover`` (or apply/revert, which recover first) rolls it back from the journal and the
+content-addressed backups.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_ssd_stream.errors import EXIT_OK
+from sglang_ssd_stream.errors import EXIT_OK, EXIT_PENDING
 
-from .conftest import record_steps, run_cli
+from .conftest import record_steps, run_cli, snapshot
 
 # Runs the real CLI with Transaction._checkpoint replaced by a counter that dies at step KILL_AT.
 WRAPPER = """
@@ -43,11 +44,23 @@ def _no_leftovers(kit):
                                                                   ".sglang-ssd-stream-orig"))]
 
 
+def _status_reports_without_writing(kit):
+    """status and verify after a kill: not a byte of the site changes; a journal means exit 6 naming it."""
+    journal = kit.site / ".sglang-ssd-stream" / "sglang" / "journal.json"
+    before = snapshot(kit.site)
+    for verb in ("status", "verify"):
+        rc, out, err = run_cli(kit, verb)
+        if journal.exists():
+            assert rc == EXIT_PENDING and "journal" in out and "patch recover" in out, (verb, rc, out, err)
+        assert snapshot(kit.site) == before, verb
+
+
 @pytest.mark.parametrize("kill_at", range(1, len(APPLY) + 1), ids=lambda k: f"{k}-{APPLY[k - 1]}")
 def test_apply_killed_at_every_step(kit, kill_at):
     r = kit.cli("apply", wrapper=WRAPPER, env_extra={"KILL_AT": str(kill_at)})
     assert r.returncode == 137 and "killed at" in r.stdout, (r.returncode, r.stdout, r.stderr)
-    rc, out, err = run_cli(kit, "status")  # takes the lock and rolls the journal back
+    _status_reports_without_writing(kit)
+    rc, out, err = run_cli(kit, "recover")  # takes the lock and rolls the journal back
     assert rc == EXIT_OK, err
     expected = {"pristine"} if kill_at <= APPLY_COMMITTED_AFTER else {"patched"}
     assert set(_states(kit).values()) == expected, _states(kit)
@@ -62,7 +75,8 @@ def test_revert_killed_at_every_step(kit, kill_at):
     assert run_cli(kit, "apply")[0] == EXIT_OK
     r = kit.cli("revert", wrapper=WRAPPER, env_extra={"KILL_AT": str(kill_at)})
     assert r.returncode == 137, (r.returncode, r.stdout, r.stderr)
-    assert run_cli(kit, "status")[0] == EXIT_OK  # rolls an interrupted revert forward to pristine
+    _status_reports_without_writing(kit)
+    assert run_cli(kit, "recover")[0] == EXIT_OK  # rolls an interrupted revert forward to pristine
     # Killed before the journal exists, nothing was written; after it, recovery finishes at pristine.
     expected = {"patched"} if kill_at < REVERT_JOURNAL_FROM else {"pristine"}
     assert set(_states(kit).values()) == expected, _states(kit)

@@ -20,7 +20,7 @@ import signal
 
 import pytest
 
-from sglang_ssd_stream.errors import EXIT_ENVIRONMENT, EXIT_OK
+from sglang_ssd_stream.errors import EXIT_CHANGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_PENDING
 from sglang_ssd_stream.patching.transaction import Transaction
 
 from .conftest import record_steps, run_cli, snapshot, write_kit
@@ -119,14 +119,18 @@ def test_lasting_fault_keeps_the_journal_until_it_is_gone(tmp_path, monkeypatch,
     journal_written = steps.index("rename journal") < steps.index(step)
     assert journal.exists() == journal_written, err
     if journal_written:
-        assert f"the journal {journal} is kept" in err and "patch status` with write access" in err
-        for verb in ("status", "verify"):  # while the fault lasts: exit 4, said plainly, no traceback
+        assert f"the journal {journal} is kept" in err and "patch recover` with write access" in err
+        kept = snapshot(kit.site)
+        for verb in ("status", "verify"):  # exit 6, said plainly, no traceback, and not a byte written
             rc, out, err = run_cli(kit, verb)
-            assert rc == EXIT_ENVIRONMENT and "NOT RECOVERED" in out and "Traceback" not in err, (verb, rc, out, err)
+            assert rc == EXIT_PENDING and "PENDING" in out and "Traceback" not in err, (verb, rc, out, err)
+            assert snapshot(kit.site) == kept
+        rc, out, err = run_cli(kit, "recover")  # while the fault lasts: exit 4, journal still kept
+        assert rc == EXIT_ENVIRONMENT and journal.exists() and "Traceback" not in err, (rc, out, err)
     else:
         assert _states(kit) == start and "Nothing was changed" in err
     monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)  # the fault is gone
-    rc, out, err = run_cli(kit, "status")
+    rc, out, err = run_cli(kit, "recover")
     assert rc == EXIT_OK, err
     assert set(_states(kit).values()) == ({"pristine"} if journal_written else set(start.values()))
     assert not journal.exists() and not _leftovers(kit)
@@ -145,8 +149,9 @@ def test_fault_after_the_commit_point_keeps_the_finished_change(tmp_path, monkey
     assert set(_states(kit).values()) == {done}
     if fault in ERRNO:
         assert rc == EXIT_OK and f"warning: could not fsync" in out and fault in out
-    else:
-        assert rc == 128 + SIGNALS[fault] and "after the command had finished its work" in err
+    else:  # honoured after the report, which says the change was made: never 130/143 ("rolled back")
+        assert rc == EXIT_CHANGED and "arrived after the commit point: the change above WAS made" in err, (rc, err)
+        assert "rolled back" not in out + err
     assert not _leftovers(kit) and not (kit.site / ".sglang-ssd-stream" / "sglang" / "journal.json").exists()
 
 
@@ -157,11 +162,13 @@ def test_recovery_fault_then_recovery(tmp_path, monkeypatch, fault):
     inject(monkeypatch, "unlink sglang/srt/a.py.sglang-ssd-stream-orig", "EIO", sticky=True)
     assert run_cli(kit, "apply")[0] == EXIT_ENVIRONMENT  # journal kept, files may be patched
     inject(monkeypatch, "create sglang/srt/a.py", fault, sticky=True)
-    for verb in ("status", "verify", "apply", "revert"):
+    for verb in ("status", "verify", "apply", "revert", "recover"):
         rc, out, err = run_cli(kit, verb)
-        assert rc == EXIT_ENVIRONMENT and "Traceback" not in err, (verb, rc, out, err)
+        want = EXIT_PENDING if verb in ("status", "verify") else EXIT_ENVIRONMENT  # status/verify never write
+        assert rc == want and "Traceback" not in err, (verb, rc, out, err)
     monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)
-    assert run_cli(kit, "status")[0] == EXIT_OK
+    assert run_cli(kit, "status")[0] == EXIT_PENDING  # still: status does not recover
+    assert run_cli(kit, "recover")[0] == EXIT_OK
     assert set(_states(kit).values()) == {"pristine"} and not _leftovers(kit)
 
 
@@ -173,10 +180,13 @@ def test_guard_verdict_while_a_rollback_is_pending(tmp_path, monkeypatch):
     kit = write_kit(tmp_path)
     inject(monkeypatch, "unlink sglang/srt/a.py.sglang-ssd-stream-orig", "EIO", sticky=True)
     assert run_cli(kit, "apply")[0] == EXIT_ENVIRONMENT
+    monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)  # even with write access:
+    before = snapshot(kit.site)
     v = verdict("sglang", site_packages=kit.site, root=kit.data)
-    assert v.state == "pending" and "EIO" in v.listing
+    assert snapshot(kit.site) == before  # the guard runs in every engine process: it never writes
+    assert v.state == "pending" and "journal" in v.listing and "sglang/srt/a.py" in v.listing
     (finding,) = [f for f in v.findings() if f.check == "source"]
-    assert finding.level == ERROR and "could not be rolled back" in finding.message
-    assert "sglang-ssd-stream patch status with write access" in finding.fix
-    monkeypatch.setattr(Transaction, "_checkpoint", lambda self, step: None)
-    assert verdict("sglang", site_packages=kit.site, root=kit.data).state == "pristine"  # recovered on the way
+    assert finding.level == ERROR and "left its journal" in finding.message
+    assert "sglang-ssd-stream patch recover" in finding.fix
+    assert run_cli(kit, "recover")[0] == EXIT_OK
+    assert verdict("sglang", site_packages=kit.site, root=kit.data).state == "pristine"

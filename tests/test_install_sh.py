@@ -289,3 +289,24 @@ def test_a_signal_during_pip_stops_it_and_removes_the_half_built_runtime(tmp_pat
     while _alive(pip) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(pip), "pip outlived install.sh"
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_check_deep_hashes_every_record_file(tmp_path, deep):
+    """--check verifies the patched files; --check --deep asks `patch verify --deep` (every RECORD file)."""
+    pin = subprocess.run([sys.executable, str(REPO / "sglang_ssd_stream/patching/engines.py"), "sglang"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    venv = tmp_path / "rt" / f"sglang-{pin}" / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / f".engine-sglang-{pin}").write_text("unlocked\n")
+    fake_command(venv / "bin", "sglang-ssd-stream", 'echo "verify called with: $*"')
+    r = run(["--check", *(["--deep"] if deep else []), "--unlocked", "--python", sys.executable,
+             "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
+    called = [line for line in r.stdout.splitlines() if line.startswith("verify called with:")]
+    assert called == [f"verify called with: patch verify {'--deep ' if deep else ''}--python {venv}/bin/python"], r.stdout
+
+
+def test_deep_needs_check(tmp_path):
+    r = run(["--deep", "--prefix", str(tmp_path / "rt")])
+    assert r.returncode == 64 and "--deep goes with --check" in r.stderr

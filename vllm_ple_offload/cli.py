@@ -1,6 +1,6 @@
 """``vllm-ple-offload``: the vLLM-side command line (the patch core is shared with sglang-ssd-stream).
 
-``patch status|verify|apply|revert|drift`` come from the shared patch core and ``serve``, ``plan``,
+``patch status|verify|apply|revert|recover|drift`` come from the shared patch core and ``serve``, ``plan``,
 ``service``, ``validate`` from the shared operate commands; ``doctor`` runs the plugin's checks on
 the configuration the plugin would see (the ``VLLM_PLE_*`` variables, parsed by the plugin's own
 parser; ``--backend``/``--sidecar`` set those variables first) plus the sidecar's SHA-256 and, with

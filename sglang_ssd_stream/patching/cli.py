@@ -1,4 +1,4 @@
-"""``<tool> patch status|verify|apply|revert``: argparse wiring and rendering, shared by both CLIs."""
+"""``<tool> patch status|verify|apply|revert|recover``: argparse wiring and rendering, shared by both CLIs."""
 
 from __future__ import annotations
 

@@ -12,8 +12,9 @@ Imports neither sglang nor vllm nor torch; both engine plugins build on it.
 """
 
 from .errors import (
-    SidecarChecksumMismatch,
+    SidecarChanged,
     SidecarCheckpointError,
+    SidecarChecksumMismatch,
     SidecarIOError,
     SidecarManifestError,
     SidecarPathEscape,
@@ -62,7 +63,7 @@ __all__ = [
     "MappedReader", "IO_MODES", "open_reader",
     "load_manifest", "check_model_shape", "find_weight_scales", "filesystem_type", "warn_if_network_fs",
     "verify_sidecar", "rows_for_tokens",
-    "SidecarChecksumMismatch", "SidecarCheckpointError", "SidecarIOError", "SidecarManifestError",
+    "SidecarChanged", "SidecarChecksumMismatch", "SidecarCheckpointError", "SidecarIOError", "SidecarManifestError",
     "SidecarPathEscape", "SidecarReaderUnusable", "SidecarRowOutOfRange", "SidecarShapeMismatch",
     "SidecarSizeMismatch", "SidecarTruncated", "SidecarWarning",
 ]

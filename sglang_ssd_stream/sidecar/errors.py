@@ -60,6 +60,11 @@ class SidecarIOError(_WithData, EnvironmentProblem):
     """Reading a table failed (I/O error, short read, file vanished); the reader is now closed for use."""
 
 
+class SidecarChanged(SidecarIOError):
+    """A table was written while it is served (in place: its size, mtime or ctime changed since it was
+    opened). Its rows are never served again; rows read across the write are not returned."""
+
+
 class SidecarReaderUnusable(SidecarIOError):
     """The reader refuses work: it was closed, or an earlier read failed (fail-closed)."""
 
@@ -78,6 +83,7 @@ __all__ = [
     "SidecarRowOutOfRange",
     "SidecarCheckpointError",
     "SidecarIOError",
+    "SidecarChanged",
     "SidecarReaderUnusable",
     "SidecarWarning",
 ]

@@ -21,8 +21,9 @@ reads through a mapping of this rank's rows instead of ``preadv`` into a page bu
 Memory: nothing is allocated per table; the mapped pages are page cache, which the kernel
 reclaims. Per call a few index arrays of ``len(ids)`` entries.
 
-Failure: the file size is checked before every call, so a table truncated while mapped is
-refused (:class:`SidecarTruncated`) and the reader stays closed for use. A *media* error while
+Failure: the file's identity (size, mtime, ctime) is checked before and after every copy, so a
+table truncated (:class:`SidecarTruncated`) or rewritten in place (:class:`SidecarChanged`) while
+mapped is refused and the reader stays closed for use. A *media* error while
 copying cannot be turned into an exception: the kernel sends SIGBUS and the process dies
 (``faulthandler`` prints where). Either way no zero row is ever returned for a row of this
 rank. :class:`SidecarReader` (``io="pread"``) turns every I/O error into an exception instead.
@@ -41,7 +42,7 @@ import numpy as np
 
 from .errors import SidecarIOError, SidecarShapeMismatch, SidecarTruncated
 from .format import SidecarTable
-from .reader import check_bounds, check_ids, check_out, check_usable
+from .reader import check_bounds, check_ids, check_out, check_unchanged, check_usable, table_identity
 
 DEFAULT_WORKERS = 16
 DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
@@ -119,7 +120,7 @@ class MappedReader:
         except OSError as exc:
             raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}", path=str(table.file)) from exc
         try:
-            self._check_size()
+            self._identity = table_identity(self._fd, table)
             first = (self.vocab_start - table.row_start) * rb  # map only this rank's rows
             skew = first % mmap.ALLOCATIONGRANULARITY
             length = (self.vocab_end - self.vocab_start) * rb + skew
@@ -165,6 +166,11 @@ class MappedReader:
         self._check_usable()
         return self._rows
 
+    @property
+    def identity(self) -> tuple[int, ...]:
+        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`table_identity`)."""
+        return self._identity
+
     def fileno(self) -> int:
         self._check_usable()
         return self._fd
@@ -172,8 +178,8 @@ class MappedReader:
     def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out[i]`` with the bytes of global row ``ids[i]`` (zero for other ranks' rows).
 
-        Raises like :meth:`SidecarReader.read_rows`; a table that shrank since it was opened
-        raises :class:`SidecarTruncated` and makes the reader unusable.
+        Raises like :meth:`SidecarReader.read_rows`; a table that shrank or was written since it was
+        opened raises :class:`SidecarTruncated` / :class:`SidecarChanged` and makes the reader unusable.
         """
         ids = check_ids(ids, self.table, self.total_rows)
         n = ids.shape[0]
@@ -182,7 +188,7 @@ class MappedReader:
             self._check_usable()
             check_bounds(ids, self.table, self.total_rows)
             try:
-                self._check_size()
+                check_unchanged(self._fd, self.table, self._identity)
             except (SidecarIOError, SidecarTruncated) as exc:
                 self._failure = exc.message
                 raise
@@ -197,6 +203,11 @@ class MappedReader:
                 np.clip(local, 0, self._rows.shape[0] - 1, out=local)  # copied, then zeroed below
             self._stats["rows_in_range"] += n - int(outside.sum()) if any_outside else n
             self._copy(local, out)
+            try:
+                check_unchanged(self._fd, self.table, self._identity)  # a write during the copy: not served
+            except (SidecarIOError, SidecarTruncated) as exc:
+                self._failure = exc.message
+                raise
             if any_outside:
                 out[outside] = 0
 
@@ -227,18 +238,6 @@ class MappedReader:
 
     def _check_usable(self) -> None:
         check_usable(self.table, self._closed, self._failure)
-
-    def _check_size(self) -> None:
-        try:
-            size = os.fstat(self._fd).st_size
-        except OSError as exc:
-            raise SidecarIOError(f"cannot stat PLE table {self.table.file}: {exc.strerror or exc}",
-                                 path=str(self.table.file)) from exc
-        if size < self.table.bytes:
-            raise SidecarTruncated(
-                f"PLE table {self.table.file} is truncated: it has {size} bytes, expected {self.table.bytes} "
-                f"(was it rewritten while the server runs?)", path=str(self.table.file), actual=size,
-                expected=self.table.bytes)
 
     def _take(self, local: np.ndarray, out: np.ndarray) -> None:
         np.take(self._rows, local, axis=0, out=out, mode="clip")  # bounds already checked; "raise" would buffer

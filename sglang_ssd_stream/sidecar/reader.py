@@ -33,6 +33,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .errors import (
+    SidecarChanged,
     SidecarIOError,
     SidecarReaderUnusable,
     SidecarRowOutOfRange,
@@ -99,6 +100,35 @@ def check_bounds(ids: np.ndarray, table: SidecarTable, total_rows: int) -> None:
             f"of layer {table.layer}, expected 0 <= id < {total_rows}",
             path=str(table.file), actual=int(ids[bad]), expected=(0, total_rows),
         )
+
+
+def table_identity(fd: int, table: SidecarTable) -> tuple[int, ...]:
+    """What a write to the open table changes: device, inode, size and mtime (ns). Checked before and
+    after every read, so no row read across an in-place rewrite (cp over it, truncate and regrow) is
+    served. ctime is left out on purpose: a ``mv`` over the path changes only our inode's ctime (its
+    link count), and our inode's rows stay right. Not seen: a writer that puts mtime back afterwards
+    (``touch -d``), or a write within one filesystem clock tick of the table's own last write."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise SidecarIOError(f"cannot stat PLE table {table.file}: {exc.strerror or exc}",
+                             path=str(table.file)) from exc
+    if st.st_size < table.bytes:
+        raise SidecarTruncated(
+            f"PLE table {table.file} is truncated: it has {st.st_size} bytes, expected {table.bytes} "
+            f"(was it rewritten while the server runs?)", path=str(table.file), actual=st.st_size,
+            expected=table.bytes)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_unchanged(fd: int, table: SidecarTable, opened: tuple[int, ...]) -> None:
+    """:class:`SidecarChanged` when the table is not the file it was when opened."""
+    now = table_identity(fd, table)
+    if now != opened:
+        raise SidecarChanged(
+            f"PLE table {table.file} was written while it is served (its size or mtime changed since it was "
+            f"opened); none of its rows is served any more. Restart the server; replace a sidecar by writing a "
+            f"new file and renaming it over the old one, never in place", path=str(table.file))
 
 
 def check_usable(table: SidecarTable, closed: bool, failure: str | None) -> None:
@@ -227,13 +257,8 @@ class SidecarReader:
             raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}", path=str(table.file)) from exc
         self._fd = fd
         try:
-            size = os.fstat(fd).st_size
-            if size < table.bytes:
-                raise SidecarTruncated(
-                    f"PLE table {table.file} is truncated: it has {size} bytes, expected {table.bytes}",
-                    path=str(table.file), actual=size, expected=table.bytes,
-                )
-            self._file_size = size
+            self._identity = table_identity(fd, table)
+            self._file_size = self._identity[2]
             if not self.direct:
                 try:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -280,6 +305,11 @@ class SidecarReader:
     def usable(self) -> bool:
         return not self._closed and self._failure is None
 
+    @property
+    def identity(self) -> tuple[int, ...]:
+        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`table_identity`)."""
+        return self._identity
+
     def fileno(self) -> int:
         """The table's descriptor (the native host node reads rows with ``pread`` on it)."""
         self._check_usable()
@@ -310,8 +340,10 @@ class SidecarReader:
             self._stats["calls"] += 1
             self._stats["rows"] += n
             try:
+                check_unchanged(self._fd, self.table, self._identity)
                 for a in range(0, n, self.max_rows):
                     self._read_slice(ids[a:a + self.max_rows], out[a:a + self.max_rows])
+                check_unchanged(self._fd, self.table, self._identity)  # a write during the read: not served
             except SidecarIOError as exc:
                 self._failure = exc.message
                 raise

@@ -86,6 +86,7 @@ typedef struct rc_cache {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int32_t closed, failed, inflight;
+    struct stat base; /* the table's identity when the cache was made: any writer changes it */
     char error[512];
     int64_t stats[ST_N];
 } rc_cache_t;
@@ -424,6 +425,9 @@ static int by_id(const void *a, const void *b) {
     return x < y ? -1 : x > y ? 1 : (i > j) - (i < j);
 }
 
+/* Before and after every lookup that reads: a table written in place (cp over it, truncate and regrow)
+   changes its mtime, so no row read across such a write is served (reader.table_identity says why
+   ctime is not compared). */
 static int stat_file(rc_cache_t *c) {
     struct stat sb;
     if (c->fd < 0) return 0; /* simulation */
@@ -435,6 +439,12 @@ static int stat_file(rc_cache_t *c) {
         set_error(c, 1, "SidecarTruncated: the PLE table is truncated: it has %lld bytes, expected %lld "
                         "(was it rewritten while the server runs?)",
                   (long long)sb.st_size, (long long)c->table_bytes);
+        return -1;
+    }
+    if (sb.st_dev != c->base.st_dev || sb.st_ino != c->base.st_ino || sb.st_size != c->base.st_size ||
+        sb.st_mtim.tv_sec != c->base.st_mtim.tv_sec || sb.st_mtim.tv_nsec != c->base.st_mtim.tv_nsec) {
+        set_error(c, 1, "SidecarChanged: the PLE table was written while it is served (its size or mtime changed "
+                        "since it was opened); none of its rows is served any more");
         return -1;
     }
     return 0;
@@ -754,6 +764,13 @@ int rc_read(rc_cache_t *c, const int64_t *ids, int64_t n, uint8_t *out, int32_t 
         }
         npos = left;
     }
+    if (!(flags & RC_F_NODATA) && stat_file(c) != 0) { /* rows read across a write are not served */
+        pthread_mutex_lock(&c->lock);
+        pthread_cond_broadcast(&c->cond);
+        snprintf(err, (size_t)errlen, "%s", c->error);
+        pthread_mutex_unlock(&c->lock);
+        rc = -1;
+    }
 out:
     free(pos);
     free(miss);
@@ -806,6 +823,11 @@ rc_cache_t *rc_create(uint8_t *rows, int64_t capacity, int64_t row_bytes, int32_
                       .wave_pages = wave_pages, .max_read_pages = max_read_pages, .rows = rows,
                       .index_cap = capacity + capacity / 2 + 1, .seed = seed, .free_head = RC_NIL, .s3_threshold = s3_threshold,
                       .s3_keep_freq = s3_keep_freq, .debug_delay_us = debug_delay_us};
+    if (fd >= 0 && fstat(fd, &c->base) != 0) {
+        snprintf(err, (size_t)errlen, "SidecarIOError: cannot stat the PLE table: %s", strerror(errno));
+        free(c);
+        return NULL;
+    }
     c->head[0] = c->head[1] = c->tail[0] = c->tail[1] = RC_NIL;
     c->s_target = (int64_t)(s3_small_fraction * (double)capacity);
     if (c->s_target < 1) c->s_target = 1;

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import (
+    SidecarChanged,
     SidecarIOError,
     SidecarReaderUnusable,
     SidecarRowOutOfRange,
@@ -196,6 +197,9 @@ def _err(buf) -> str:
 def _raise_fatal(msg: str, path: str) -> None:
     if msg.startswith("SidecarTruncated"):
         raise SidecarTruncated(msg, path=path)
+    if msg.startswith("SidecarChanged"):
+        raise SidecarChanged(f"PLE table {path}: {msg}. Restart the server; replace a sidecar by writing a new file "
+                             f"and renaming it over the old one, never in place", path=path)
     raise SidecarIOError(msg, path=path)
 
 

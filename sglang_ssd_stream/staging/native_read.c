@@ -33,7 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SSD_ABI 1
+#define SSD_ABI 2
 #define SSD_EXIT_CODE 70 /* EX_SOFTWARE */
 #define SSD_PROBE_ROWS 64
 #define SSD_MAX_WORKERS 256
@@ -60,6 +60,9 @@ typedef struct {
     int32_t io;           /* SSD_IO_MMAP or SSD_IO_PREAD */
     int64_t calls;        /* statistics, written only here */
     int64_t threaded_rows;
+    int64_t base_ino;     /* the table when its reader opened it: a write in place changes size or mtime */
+    int64_t base_size;
+    int64_t base_mtime_ns;
     char what[128];       /* what the error message calls this read */
 } ssd_read_t;
 
@@ -157,10 +160,8 @@ static void copy_threaded(const ssd_read_t *r, int64_t a, int64_t n) {
 }
 
 /* The host function: cuLaunchHostFunc(stream, ssd_read_rows, &read). */
-void ssd_read_rows(void *arg) {
-    ssd_read_t *r = (ssd_read_t *)arg;
-    if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE))
-        die(r, "the sidecar reader was closed while a graph that reads it can still replay");
+/* The table is still the file its reader opened (sidecar/reader.table_identity: inode, size, mtime). */
+static void check_unchanged(const ssd_read_t *r) {
     struct stat st;
     if (fstat(r->fd, &st) != 0)
         die(r, "cannot stat the PLE table: %s", strerror(errno));
@@ -168,6 +169,17 @@ void ssd_read_rows(void *arg) {
         die(r, "SidecarTruncated: the PLE table is truncated: it has %lld bytes, expected %lld "
                "(was it rewritten while the server runs?)",
             (long long)st.st_size, (long long)r->table_bytes);
+    const int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + (int64_t)st.st_mtim.tv_nsec;
+    if ((int64_t)st.st_ino != r->base_ino || (int64_t)st.st_size != r->base_size || mtime_ns != r->base_mtime_ns)
+        die(r, "SidecarChanged: the PLE table was written while it is served (its size or mtime changed since "
+               "it was opened)");
+}
+
+void ssd_read_rows(void *arg) {
+    ssd_read_t *r = (ssd_read_t *)arg;
+    if (__atomic_load_n(&r->closed, __ATOMIC_ACQUIRE))
+        die(r, "the sidecar reader was closed while a graph that reads it can still replay");
+    check_unchanged(r);
     const int64_t n = r->n;
     for (int64_t i = 0; i < n; i++) /* every id before any row is written */
         if (r->ids[i] < 0 || r->ids[i] >= r->total_rows)
@@ -192,6 +204,7 @@ void ssd_read_rows(void *arg) {
         copy_threaded(r, a, n);
         __atomic_fetch_add(&r->threaded_rows, n - a, __ATOMIC_RELAXED);
     }
+    check_unchanged(r); /* rows copied across a write are never used: the process stops */
     __atomic_fetch_add(&r->calls, 1, __ATOMIC_RELAXED);
 }
 
@@ -207,6 +220,7 @@ int ssd_read_layout(size_t *out, int cap) {
         offsetof(ssd_read_t, n), offsetof(ssd_read_t, inline_rows), offsetof(ssd_read_t, slow_row_s),
         offsetof(ssd_read_t, fd), offsetof(ssd_read_t, workers), offsetof(ssd_read_t, closed),
         offsetof(ssd_read_t, io), offsetof(ssd_read_t, calls), offsetof(ssd_read_t, threaded_rows),
+        offsetof(ssd_read_t, base_ino), offsetof(ssd_read_t, base_size), offsetof(ssd_read_t, base_mtime_ns),
         offsetof(ssd_read_t, what),
     };
     const int n = (int)(sizeof v / sizeof v[0]);

@@ -38,7 +38,7 @@ from ..sidecar.reader import SidecarReader
 
 SOURCE = Path(__file__).with_name("native_read.c")
 LIB_NAME = "libssd_native_read.so"
-ABI = 1  # SSD_ABI in native_read.c
+ABI = 2  # SSD_ABI in native_read.c
 EXIT_CODE = 70  # SSD_EXIT_CODE in native_read.c (EX_SOFTWARE)
 IO_CODES = {"mmap": 0, "pread": 1}  # SSD_IO_* in native_read.c
 # A page-cache pread costs ~1 us of syscall per row, a disk read tens of us: slower than this per row
@@ -56,7 +56,8 @@ class _Read(ctypes.Structure):
         ("ids", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", ctypes.c_int64),
         ("inline_rows", ctypes.c_int64), ("slow_row_s", ctypes.c_double), ("fd", ctypes.c_int32),
         ("workers", ctypes.c_int32), ("closed", ctypes.c_int32), ("io", ctypes.c_int32),
-        ("calls", ctypes.c_int64), ("threaded_rows", ctypes.c_int64), ("what", ctypes.c_char * 128),
+        ("calls", ctypes.c_int64), ("threaded_rows", ctypes.c_int64), ("base_ino", ctypes.c_int64),
+        ("base_size", ctypes.c_int64), ("base_mtime_ns", ctypes.c_int64), ("what", ctypes.c_char * 128),
     ]
 
 
@@ -147,6 +148,7 @@ class NativeRead:
             n=n, inline_rows=inline_rows if inline_rows is not None else getattr(reader, "inline_rows", DEFAULT_INLINE_ROWS),
             slow_row_s=slow_row_s,
             fd=fd, workers=reader.workers, closed=0, io=IO_CODES[io],
+            base_ino=reader.identity[1], base_size=reader.identity[2], base_mtime_ns=reader.identity[3],
             what=what.encode()[:127].decode(errors="ignore").encode())
 
     @property

@@ -98,7 +98,7 @@ def test_every_refusal_and_warning_names_its_fix():
     ("mixed", False, ERROR, "patch apply"),
     ("unknown", False, ERROR, "--force-reinstall"),
     ("unknown", True, ERROR, "--force-reinstall"),  # the escape hatch covers pristine only
-    ("pending", False, ERROR, "patch status"),
+    ("pending", False, ERROR, "patch recover"),
     ("error", False, ERROR, "--python"),
 ])
 def test_source_state(state, allow, level, fix_words):

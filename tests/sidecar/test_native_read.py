@@ -116,7 +116,15 @@ _FAILING = textwrap.dedent("""
         with open(t.file, "r+b") as f:
             f.truncate(4096)
     if case == "shrinks-after-the-size-check":
-        node._struct.table_bytes = 0  # the size check passes, as if the file shrank right after it
+        node._struct.table_bytes = 0  # the size checks pass, as if the file shrank right after them
+        st = os.stat(t.file)
+        node._struct.base_size, node._struct.base_mtime_ns = st.st_size, st.st_mtime_ns
+    if case == "rewritten":  # `cp other over it`: same inode, same size, other bytes
+        import time
+        time.sleep(0.05)  # past the filesystem clock tick of the build's own last write
+        data = bytes(b ^ 0x5A for b in t.file.read_bytes())
+        with open(t.file, "r+b") as f:
+            f.write(data)
     if case.startswith("io-error"):
         node._struct.fd = os.open(t.file, os.O_WRONLY)  # every pread on it fails (EBADF)
     if case == "closed":
@@ -132,6 +140,8 @@ _FAILING = textwrap.dedent("""
     (io, "out-of-table", "SidecarRowOutOfRange: row id 5003 at position 3 is outside the table [0, 5003)")
     for io in ("mmap", "pread")] + [
     (io, "closed", "the sidecar reader was closed while a graph that reads it can still replay")
+    for io in ("mmap", "pread")] + [
+    (io, "rewritten", "SidecarChanged: the PLE table was written while it is served")
     for io in ("mmap", "pread")] + [
     ("pread", "io-error", "SidecarIOError: reading row 0 (byte 0) of the PLE table failed: Bad file descriptor"),
     ("pread", "io-error-threaded", "SidecarIOError: reading row"),  # from copy threads: still one message

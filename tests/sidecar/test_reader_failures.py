@@ -62,10 +62,25 @@ def test_file_truncated_while_open_fails_closed(table):
     with SidecarReader(table, max_rows=16, workers=1) as r:
         r.read_rows(ids, out)
         os.truncate(table.file, 4096)
+        out[:] = 0x33
+        with pytest.raises(SidecarTruncated, match=r"truncated: it has 4096 bytes, expected 800480"):
+            r.read_rows(ids, out)  # the identity check before the read (the short read behind it: below)
+        assert (out == 0x33).all()
+        with pytest.raises(SidecarReaderUnusable):
+            r.read_rows(ids[:1], out[:1])  # even a row that is still on disk
+
+
+def test_file_shrunk_behind_the_identity_check_is_a_short_read(table, monkeypatch):
+    ids = np.array([0, table.rows - 1], dtype=np.int64)
+    out = np.empty((2, table.row_bytes), np.uint8)
+    with SidecarReader(table, max_rows=16, workers=1) as r:
+        r.read_rows(ids, out)
+        monkeypatch.setattr(reader_mod, "check_unchanged", lambda *a: None)  # shrinks right after the check
+        os.truncate(table.file, 4096)
         with pytest.raises(SidecarIOError, match="short read from PLE table .* truncated"):
             r.read_rows(ids, out)
         with pytest.raises(SidecarReaderUnusable):
-            r.read_rows(ids[:1], out[:1])  # even a row that is still on disk
+            r.read_rows(ids[:1], out[:1])
 
 
 def test_unexpected_exception_also_fails_closed(table, monkeypatch):

@@ -132,19 +132,20 @@ def test_build_view_layout_index_and_counts(snaps, tmp_path):
     assert (view / "ssd-stream.json").read_bytes() == (prepared / "ssd-stream.json").read_bytes()
 
 
-def test_view_sidecar_loads_only_with_the_recorded_trusted_roots(snaps, tmp_path):
+def test_view_sidecar_loads_only_through_its_prepared_snapshot(snaps, tmp_path):
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
     dense, prepared, _ = snaps
     view = tmp_path / "view"
     build_view(dense, prepared, view)
     with pytest.raises(SidecarPathEscape):  # the table resolves into the prepared snapshot's blobs/
         load_manifest(view)
-    roots = json.loads((view / MARKER_NAME).read_text())["trusted_roots"]
-    m = load_manifest(view, trusted_roots=roots)
+    m = load_sidecar(view)  # the one loader: the marker's snapshot, table for table
     verify_sidecar(m, progress=False)
     assert (view / ".ssd-stream-verified.json").is_file()
     check_view(view)  # the verify cache is not a foreign file, not a dangling link
     build_view(dense, prepared, view)  # and a rebuild keeps it
-    assert verify_sidecar(load_manifest(view, trusted_roots=roots), progress=False).tables[0].status == "cached"
+    assert verify_sidecar(load_sidecar(view), progress=False).tables[0].status == "cached"
 
 
 def test_rebuild_is_idempotent(snaps, tmp_path):

@@ -141,12 +141,11 @@ def _read_int(path: str) -> int | None:
 def load_sidecar(path: str | os.PathLike):
     """The sidecar manifest at ``path`` (``ssd-stream.json`` or its directory), loaded as every vLLM-side
     user loads it (doctor, the plugin's SHA-256 check, the embedding): sizes checked, and a model view's
-    table links may resolve into the roots its marker records (``model build-view``), as on SGLang."""
-    from sglang_ssd_stream.sidecar.format import load_manifest
-    from sglang_ssd_stream.sidecar.view import view_trusted_roots
+    table links may resolve only into the prepared snapshot it was built from, table for table: the one
+    loader and trust rule of both engines (:func:`sglang_ssd_stream.sidecar.view.load_sidecar`)."""
+    from sglang_ssd_stream.sidecar.view import load_sidecar as load
 
-    root = Path(path) if Path(path).is_dir() else Path(path).parent
-    return load_manifest(path, trusted_roots=view_trusted_roots(root))
+    return load(path)
 
 
 def sidecar_disks(settings: env.PleSettings, manifest=None) -> tuple[DiskFacts, ...]:

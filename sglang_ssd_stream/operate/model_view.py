@@ -32,11 +32,11 @@ from pathlib import Path
 
 from ..errors import EXIT_OK, BadKitData, EnvironmentProblem, RefusedSourceState
 from ..sidecar.build import SHARD_TENSOR
-from ..sidecar.format import INDEX_NAME, MANIFEST_NAME, SCALE_FILE_NAME, hf_blobs_root, load_manifest
+from ..sidecar.format import INDEX_NAME, MANIFEST_NAME, SCALE_FILE_NAME, hf_blobs_root
 from ..sidecar.verify import CACHE_NAME
 from ..sidecar.view import MARKER_FORMAT, MARKER_NAME, ForeignView
 from ..sidecar.view import read_marker as _read_marker
-from ..sidecar.view import view_trusted_roots as trusted_roots_for
+from ..sidecar.view import load_sidecar
 
 BACKUP_NAME = "model.safetensors.index.with-ple.json"
 MTP_DIR = "mtp"
@@ -146,8 +146,8 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
         raise ModelViewError(f"the view {out} must not be inside (or be) a source snapshot")
     if not (dense / "config.json").is_file():
         raise ModelViewError(f"dense snapshot {dense} has no config.json")
-    trusted = _trusted_roots(prepared)
-    manifest = load_manifest(prepared, trusted_roots=trusted)  # sizes checked; sha256 is the engine's job
+    trusted = _trusted_roots(prepared)  # recorded in the marker for people; it grants nothing (sidecar/view.py)
+    manifest = load_sidecar(prepared)  # sizes checked; sha256 is the engine's job
     old_marker = _check_output(out)
 
     index = _read_index(dense / INDEX_NAME)
@@ -242,8 +242,7 @@ def check_view(view: str | os.PathLike, *, _display: Path | None = None) -> View
     missing = sorted(f for f in shards if not (view / f).is_file())
     if missing:
         raise ModelViewError(f"{shown}: {len(missing)} indexed shard(s) missing: {', '.join(missing[:5])}")
-    roots = trusted_roots_for(view)
-    manifest = load_manifest(view, trusted_roots=roots)
+    manifest = load_sidecar(view)
     marker = read_marker(view)
     backup = _read_index(view / BACKUP_NAME)["weight_map"] if (view / BACKUP_NAME).is_file() else wm
     links = sum(1 for e in os.listdir(view) if (view / e).is_symlink())

@@ -31,10 +31,10 @@ def file_findings(profile, model: str, draft: str | None) -> list[Finding]:
     if profile.needs_draft:
         out.append(_config_finding("draft", "draft (MTP)", draft))
     if profile.needs_sidecar and out[0].level == OK:
-        from ..sidecar.format import load_manifest
+        from ..sidecar.view import load_sidecar
 
         try:
-            load_manifest(model, trusted_roots=[os.path.realpath(model)])
+            load_sidecar(model)
             out.append(Finding(OK, "sidecar", f"{model}/ssd-stream.json loads, sizes match"))
         except KitError as exc:  # Sidecar* (BadKitData) errors: the message names file and sizes
             out.append(Finding(ERROR, "sidecar", exc.message, "rebuild or re-download the sidecar "

@@ -552,11 +552,10 @@ def cmd_watch(args) -> int:
     profile = get_profile(args.profile, args.side.name) if args.profile else None
     sidecars: tuple[str, ...] = ()
     if args.model and Path(args.model, "ssd-stream.json").is_file():
-        from ..sidecar.format import load_manifest
+        from ..sidecar.view import load_sidecar
 
         try:
-            sidecars = tuple(str(t.file) for t in load_manifest(args.model, trusted_roots=[os.path.realpath(
-                args.model)], check_files=False).tables)
+            sidecars = tuple(str(t.file) for t in load_sidecar(args.model, check_files=False).tables)
         except Exception as exc:  # noqa: BLE001 - watch still runs; the doctor reports the sidecar
             print(f"watch: sidecar not measured: {exc}", file=sys.stderr)
 

@@ -14,13 +14,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales, load_manifest
+from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales
 from ..sidecar.prefetch import DEFAULT_WINDOW as DEFAULT_PREFETCH_CHUNKS
 from ..sidecar.prefetch import SGLANG_WINDOW_ENV as PREFETCH_ENV
 from ..sidecar.row_cache import DEFAULT_BUDGET_MB as DEFAULT_ROW_CACHE_MB
 from ..sidecar.row_cache import SGLANG_BUDGET_ENV as ROW_CACHE_ENV
 from ..sidecar.verify import VerifyReport, verify_sidecar
-from ..sidecar.view import TRUSTED_ROOTS_ENV, trusted_roots  # noqa: F401 - TRUSTED_ROOTS_ENV is a knob
+from ..sidecar.view import TRUSTED_ROOTS_ENV, env_trusted_roots, load_sidecar  # noqa: F401 - TRUSTED_ROOTS_ENV is a knob
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ def load(path: Path) -> Sidecar:
     with _lock:
         if key in _loaded:
             return _loaded[key]
-        root = Path(key) if Path(key).is_dir() else Path(key).parent
-        manifest = load_manifest(key, trusted_roots=trusted_roots(root))
+        manifest = load_sidecar(key, extra_roots=env_trusted_roots())
         report = verify_sidecar(manifest, no_verify=os.environ.get(NO_VERIFY_ENV) == "1")
         scales = find_weight_scales(manifest.root)
         sidecar = _loaded[key] = Sidecar(manifest, scales, report)

@@ -517,9 +517,9 @@ def _with_row_cache(request: Request, profile: str | None, env: Mapping[str, str
 def sidecar_paths(model: str | None, explicit: Iterable[str] = ()) -> list[str]:
     paths = list(explicit)
     if model and not paths and Path(model, "ssd-stream.json").exists():
-        from ..sidecar.format import load_manifest
+        from ..sidecar.view import load_sidecar
 
-        manifest = load_manifest(model, trusted_roots=[os.path.realpath(model)], check_files=False)
+        manifest = load_sidecar(model, check_files=False)
         paths = sorted({str(t.file) for t in manifest.tables})
     return paths
 

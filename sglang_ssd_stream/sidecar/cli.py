@@ -50,10 +50,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .format import check_model_shape, load_manifest
+    from .format import check_model_shape
     from .verify import verify_sidecar
+    from .view import load_sidecar
 
-    manifest = load_manifest(args.artifact, trusted_roots=args.trusted_root or ())
+    manifest = load_sidecar(args.artifact, extra_roots=args.trusted_root or ())
     if args.dtype is not None or args.columns is not None or args.rows is not None:
         for t in manifest.tables:
             check_model_shape(t, dtype=args.dtype or t.dtype, columns=args.columns or t.columns, rows=args.rows)

@@ -191,6 +191,11 @@ def _check_table_file(manifest: Path, t: SidecarTable) -> None:
             f"{manifest}: table file {t.path} ({t.file}) does not exist, expected a {t.bytes}-byte file",
             path=str(t.file), actual=None, expected=t.bytes,
         ) from None
+    except OSError as exc:  # ELOOP (a symlink loop), EACCES, ...: named, never a traceback
+        raise SidecarManifestError(
+            f"{manifest}: table file {t.path} ({t.file}) cannot be opened: {exc.strerror or exc}",
+            path=str(t.file), actual=exc.errno, expected="a regular file",
+        ) from None
     if not stat.S_ISREG(st.st_mode):
         raise SidecarManifestError(
             f"{manifest}: table file {t.path} ({t.file}) is not a regular file", path=str(t.file),

@@ -1,8 +1,10 @@
 """The model view's marker, as the runtime reads it: which directories a view's sidecar may link into.
 
 ``model build-view`` (:mod:`sglang_ssd_stream.operate.model_view`) writes ``.ssd-stream-view.json``
-into a view; both plugins read it here, so a sidecar whose tables are links into the prepared
-snapshot loads without trusting anything else. ``SGLANG_SSD_STREAM_TRUSTED_ROOTS`` adds roots.
+into a view; both plugins read it here (:func:`load_sidecar`), so a sidecar whose tables are links
+into the prepared snapshot loads without trusting anything else. The marker names the snapshot; it
+grants nothing by itself (the snapshot must hold the same manifest, table for table).
+``SGLANG_SSD_STREAM_TRUSTED_ROOTS`` adds roots on SGLang.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 from pathlib import Path
 
 from .errors import SidecarManifestError
-from .format import hf_blobs_root
+from .format import MANIFEST_NAME, hf_blobs_root
 
 MARKER_NAME = ".ssd-stream-view.json"
 MARKER_FORMAT = "sglang-ssd-stream-view"
@@ -38,14 +40,55 @@ def read_marker(view: str | os.PathLike) -> dict | None:
 
 
 def view_trusted_roots(view: str | os.PathLike) -> list[str]:
-    """Directories the view's table links may resolve into (for ``load_manifest(trusted_roots=…)``)."""
+    """Directories a view's table links may resolve into: the prepared snapshot it was built from (and its
+    HF blobs), and only while that snapshot holds a byte-identical ``ssd-stream.json``. Nothing written in
+    the artifact grants more: the marker's own ``trusted_roots`` field is ignored."""
     marker = read_marker(view)
-    return list(marker.get("trusted_roots", [])) if marker else []
+    if not marker or not isinstance(marker.get("prepared"), str):
+        return []
+    prepared = Path(marker["prepared"])
+    try:
+        same = (prepared / MANIFEST_NAME).read_bytes() == (Path(view) / MANIFEST_NAME).read_bytes()
+    except OSError:
+        same = False
+    if not same:
+        return []
+    real = Path(os.path.realpath(prepared))  # a link to an HF snapshot: its blobs/ are beside the real one
+    blobs = hf_blobs_root(real)
+    return [str(real)] + ([os.path.realpath(blobs)] if blobs is not None else [])
+
+
+def env_trusted_roots(environ=None) -> list[str]:
+    """Roots the operator names in ``SGLANG_SSD_STREAM_TRUSTED_ROOTS``, with their HF blobs."""
+    env = os.environ if environ is None else environ
+    roots = [r for r in env.get(TRUSTED_ROOTS_ENV, "").split(os.pathsep) if r]
+    return roots + [str(b) for b in [hf_blobs_root(Path(r)) for r in roots] if b is not None]
 
 
 def trusted_roots(artifact_dir: str | os.PathLike, environ=None) -> list[str]:
-    """Roots a sidecar in ``artifact_dir`` may resolve into: the view's, the variable's, and their HF blobs."""
-    env = os.environ if environ is None else environ
-    roots = view_trusted_roots(artifact_dir)
-    roots += [r for r in env.get(TRUSTED_ROOTS_ENV, "").split(os.pathsep) if r]
-    return roots + [str(b) for b in [hf_blobs_root(Path(r)) for r in roots] if b is not None]
+    """Roots a sidecar in ``artifact_dir`` may resolve into: the view's prepared snapshot and the variable's."""
+    return view_trusted_roots(artifact_dir) + env_trusted_roots(environ)
+
+
+def load_sidecar(path: str | os.PathLike, *, extra_roots=(), check_files: bool = True):
+    """The one loader of a sidecar manifest for both engines and the CLI: the artifact itself (and its HF
+    blobs), the roots the operator names (``extra_roots``) and, for a model view, the prepared snapshot
+    it was built from, table for table: each of the view's tables must resolve to the very file the
+    snapshot's manifest names. Symlink loops, FIFOs, devices and directories are refused by
+    :func:`load_manifest` without opening them for reading."""
+    from .errors import SidecarPathEscape
+    from .format import load_manifest
+
+    root = Path(path) if Path(path).is_dir() else Path(path).parent
+    granted = view_trusted_roots(root)
+    manifest = load_manifest(path, trusted_roots=[*granted, *extra_roots], check_files=check_files)
+    if granted:
+        prepared = Path(read_marker(root)["prepared"])
+        for t in manifest.tables:
+            want = os.path.realpath(prepared / t.path)
+            if os.path.realpath(t.file) != want:
+                raise SidecarPathEscape(
+                    f"{root}: view table {t.path} resolves to {os.path.realpath(t.file)}, not to the prepared "
+                    f"snapshot's {want}; refusing the view", path=str(t.file), actual=os.path.realpath(t.file),
+                    expected=want)
+    return manifest

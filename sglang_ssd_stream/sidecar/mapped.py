@@ -42,7 +42,7 @@ import numpy as np
 
 from .errors import SidecarIOError, SidecarShapeMismatch, SidecarTruncated
 from .format import SidecarTable
-from .reader import check_bounds, check_ids, check_out, check_unchanged, check_usable, table_identity
+from .reader import check_bounds, check_ids, check_out, check_unchanged, check_usable, open_table, table_identity
 
 DEFAULT_WORKERS = 16
 DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
@@ -116,7 +116,7 @@ class MappedReader:
                 f"max_rows ({self.max_rows}), workers ({self.workers}) and rows_per_task ({self.rows_per_task}) "
                 f"must be at least 1", path=str(table.file), actual=(self.max_rows, self.workers), expected=">= 1")
         try:
-            self._fd = os.open(table.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._fd = open_table(table.file)
         except OSError as exc:
             raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}", path=str(table.file)) from exc
         try:

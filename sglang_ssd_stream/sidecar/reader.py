@@ -26,6 +26,7 @@ import errno
 import logging
 import mmap
 import os
+import stat
 import threading
 import weakref
 
@@ -100,6 +101,23 @@ def check_bounds(ids: np.ndarray, table: SidecarTable, total_rows: int) -> None:
             f"of layer {table.layer}, expected 0 <= id < {total_rows}",
             path=str(table.file), actual=int(ids[bad]), expected=(0, total_rows),
         )
+
+
+def open_table(path, extra_flags: int = 0) -> int:
+    """A table file's descriptor, refusing what is not a regular file without ever blocking: opened
+    non-blocking (a FIFO swapped in after load would hang a plain open) and without following a link
+    (``path`` is the real file the manifest resolved to; a link put there later is refused), then
+    checked with fstat. OSError (ELOOP, EINVAL, ...) for the caller to name."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | extra_flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({stat.filemode(mode)})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def table_identity(fd: int, table: SidecarTable) -> tuple[int, ...]:
@@ -243,11 +261,8 @@ class SidecarReader:
         # Rows gathered per wave pass through a temporary of at most wave_rows x row_bytes.
         self._wave_rows = max(1, min(self.max_rows, _MAX_WAVE_ROWS))
 
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-        if self.direct:
-            flags |= os.O_DIRECT
         try:
-            fd = os.open(table.file, flags)
+            fd = open_table(table.file, os.O_DIRECT if self.direct else 0)
         except OSError as exc:
             if self.direct and exc.errno == errno.EINVAL:
                 raise SidecarIOError(

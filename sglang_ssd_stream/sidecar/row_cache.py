@@ -44,7 +44,7 @@ from .errors import (
     SidecarTruncated,
 )
 from .native import NativeBuildError, build_library
-from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out
+from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out, open_table
 
 log = logging.getLogger(__name__)
 
@@ -245,17 +245,16 @@ class RowCache:
         self.wave_pages = int(wave_pages)
         self._lib = lib = load()
         path = str(self.table.file)
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         self.direct = bool(direct)
         try:
-            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
+            fd = open_table(path, os.O_DIRECT if direct else 0)
         except OSError as exc:
             if not (direct and exc.errno == errno.EINVAL):
                 raise SidecarIOError(f"cannot open PLE table {path}: {exc.strerror or exc}", path=path) from exc
             log.warning("PLE row cache: %s refuses O_DIRECT; misses are read buffered and their pages dropped", path)
             self.direct = False
             try:
-                fd = os.open(path, flags)
+                fd = open_table(path)
             except OSError as exc2:
                 raise SidecarIOError(f"cannot open PLE table {path}: {exc2.strerror or exc2}", path=path) from exc2
         try:

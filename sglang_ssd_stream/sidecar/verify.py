@@ -27,6 +27,7 @@ from typing import Iterable
 
 from .errors import SidecarChecksumMismatch, SidecarIOError, SidecarTruncated
 from .format import SidecarManifest, SidecarTable, load_manifest
+from .reader import open_table
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, p
     view = memoryview(buf)
     done = 0
     try:
-        with open(path, "rb", buffering=0) as f:
+        with os.fdopen(open_table(path), "rb", buffering=0) as f:
             total = expected_bytes if expected_bytes is not None else os.fstat(f.fileno()).st_size
             try:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)

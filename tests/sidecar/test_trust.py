@@ -149,4 +149,46 @@ def test_an_array_marker_field_is_not_a_grant(prepared, tmp_path):
     _marker(view, prepared=[str(prepared)], trusted_roots=[str(prepared)])
     with pytest.raises(SidecarPathEscape):
         load_sidecar(view)
-    assert np.array_equal(np.zeros(1), np.zeros(1))
+
+
+@pytest.mark.parametrize("odd", ["fifo", "symlink", "directory"])
+@pytest.mark.parametrize("reader", ["pread", "mmap", "row-cache", "verify"])
+def test_a_table_swapped_for_an_odd_file_after_load_is_refused_without_a_hang(prepared, tmp_path, odd, reader):
+    from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, verify_sidecar
+    from sglang_ssd_stream.sidecar.errors import SidecarIOError
+    from sglang_ssd_stream.sidecar.row_cache import RowCache
+
+    m = load_sidecar(prepared)
+    table = m.tables[0]
+    inner = MappedReader(table, max_rows=8, workers=1)  # opened before the swap: the row cache's own open is next
+    moved = tmp_path / "moved.bin"
+    os.replace(table.file, moved)
+    if odd == "fifo":
+        os.mkfifo(table.file)
+    elif odd == "symlink":
+        table.file.symlink_to(moved)  # a link where the real file was: not the file the manifest resolved
+    else:
+        table.file.mkdir()
+    outcome = {}
+
+    def open_it():
+        try:
+            if reader == "pread":
+                SidecarReader(table, max_rows=8, workers=1).close()
+            elif reader == "mmap":
+                MappedReader(table, max_rows=8, workers=1).close()
+            elif reader == "row-cache":
+                RowCache(inner, np.zeros((8, table.row_bytes), np.uint8), workers=1).close()
+            else:
+                verify_sidecar(m, use_cache=False, progress=False)
+            outcome["opened"] = True
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+
+    t = threading.Thread(target=open_it, daemon=True)
+    t.start()
+    t.join(20)
+    inner.close()
+    assert not t.is_alive(), f"{reader} hung on a {odd}"
+    assert isinstance(outcome.get("error"), (SidecarIOError, SidecarPathEscape)), outcome
+    assert table.file.name in str(outcome["error"])

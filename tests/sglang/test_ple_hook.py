@@ -14,7 +14,7 @@ EXPECTED = {
     "test_refuses_a_checkpoint_scale_that_disagrees_with_the_sidecar",
     "test_refuses_a_sidecar_with_a_wrong_sha256",
     "test_gather_on_an_unbound_sidecar_table_refuses",
-    "test_read_error_after_bind_fails_closed[pread-SidecarIOError-short read]",
+    "test_read_error_after_bind_fails_closed[pread-SidecarTruncated-truncated: it has 4096 bytes]",
     "test_read_error_after_bind_fails_closed[mmap-SidecarTruncated-truncated: it has 4096 bytes]",
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]",
     "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d]",

@@ -127,7 +127,7 @@ def test_lock_with_one_wrong_hash_installs_nothing(tmp_path):
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    good, bad = _wheel(wheels, "tinyone"), _wheel(wheels, "tinytwo")
+    good, _bad = _wheel(wheels, "tinyone"), _wheel(wheels, "tinytwo")  # the second: a wheel the lock lacks
     lock = tmp_path / "lock.txt"
     lock.write_text(f"tinyone==1.0 \\\n    --hash=sha256:{hashlib.sha256(good.read_bytes()).hexdigest()}\n"
                     f"tinytwo==1.0 \\\n    --hash=sha256:{'0' * 64}\n")

@@ -53,7 +53,7 @@ from typing import Mapping, Sequence
 
 from sglang_ssd_stream.errors import EnvironmentProblem, KitError
 from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_release, thread_findings
-from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, errors_of, refusal_text
+from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, refusal_text
 
 from . import env
 from .errors import PleSettingsError, PreflightFailed

@@ -36,7 +36,6 @@ import hashlib
 import importlib.util
 import itertools
 import json
-import math
 import platform
 import random
 import sys

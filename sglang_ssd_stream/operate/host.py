@@ -248,5 +248,5 @@ def disk_finding(check: str, path: str | Path, need_bytes: int, what: str, *, re
     if free < need_bytes:
         return Finding(ERROR if refuse else WARNING, check,
                        f"{free / GIB:.1f} GiB free at {at}, {what} needs {need_bytes / GIB:.1f} GiB",
-                       f"free space there or choose another local NVMe directory")
+                       "free space there or choose another local NVMe directory")
     return Finding(OK, check, f"{free / GIB:.1f} GiB free at {at} ({what}: {need_bytes / GIB:.1f} GiB)")

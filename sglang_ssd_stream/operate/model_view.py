@@ -153,7 +153,6 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
     index = _read_index(dense / INDEX_NAME)
     wm = index["weight_map"]
     kept = {n: f for n, f in wm.items() if not SHARD_TENSOR.search(n)}
-    removed = len(wm) - len(kept)
 
     plan: dict[str, Path] = {}  # view entry (relative path) -> link target
     for fname in sorted(set(kept.values())):

@@ -110,7 +110,7 @@ def run_drift_command(args, engine_name: str) -> int:
             releases = sorted((r for r in offered if Version(r) >= Version(engine.pinned)), key=Version)
         cache = Path(args.cache or os.environ.get("SSD_STREAM_CACHE")
                      or Path.home() / ".cache" / "sglang-ssd-stream")
-        reports = drift_report(manifest, releases, cache, Path(args.out), [Path(w) for w in args.wheel])
+        drift_report(manifest, releases, cache, Path(args.out), [Path(w) for w in args.wheel])
     except KitError as exc:
         print(f"{engine.name}: {exc.message}", file=sys.stderr)
         return exc.exit_code

@@ -34,13 +34,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
 from ..errors import KitError
-from ..findings import ERROR, OK, WARNING, Finding, as_json, errors_of, exit_code, print_report, refusal_text
+from ..findings import ERROR, OK, WARNING, Finding, as_json, exit_code, print_report
 from ..operate.host import (CpuBudget, TegraRelease, cpu_budget, free_bytes, meminfo, tegra_finding,
                             tegra_release, thread_findings)
 from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW, Verdict, verdict

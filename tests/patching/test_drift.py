@@ -8,7 +8,6 @@ import subprocess
 import sys
 import zipfile
 
-import pytest
 
 from sglang_ssd_stream.patching.drift import analyse_release
 from sglang_ssd_stream.patching.state import function_sha256

@@ -16,7 +16,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -16,7 +16,7 @@ import pytest
 
 from sglang_ssd_stream.errors import EXIT_ENVIRONMENT, EXIT_OK
 
-from .conftest import REPO, run_cli, snapshot, write_kit
+from .conftest import REPO, run_cli, snapshot
 
 B = "sglang/srt/managers/b.py"
 

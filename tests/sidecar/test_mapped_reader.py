@@ -23,7 +23,6 @@ from sglang_ssd_stream.sidecar import (
     SidecarRowOutOfRange,
     SidecarShapeMismatch,
     SidecarTruncated,
-    load_manifest,
     open_reader,
 )
 from sglang_ssd_stream.sidecar import mapped as mapped_mod

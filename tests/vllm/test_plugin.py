@@ -6,7 +6,6 @@ process); every test in it must pass, none may be skipped.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

@@ -382,21 +382,65 @@ def memory_line(bound: dict, budget_mb: int) -> str:
             f"{fmt_bytes(cache + staging)}")
 
 
-class _Filter:
-    """Drops PLE shard tensors from the checkpoint stream; records which scales it carried."""
+SHARD_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.shard_(\d+)\.weight$")
 
-    def __init__(self, weights):
+
+class _Filter:
+    """Drops PLE shard tensors from the checkpoint stream, after comparing one row of each shard that
+    overlaps this rank with the sidecar (a row drawn at random inside the overlap, placed as sglang's
+    ``load_qwen4_exp_ple_shard`` places it): a sidecar built from another checkpoint, or whose tables were
+    swapped with their hashes, is refused before it serves. Records which scales the stream carried."""
+
+    def __init__(self, weights, bound: dict | None = None, parts: int = 1):
         self.weights, self.dropped, self.scales_seen = weights, 0, set()
+        self.bound, self.parts, self.checked = bound or {}, max(int(parts), 1), 0
 
     def __iter__(self):
         for name, tensor in self.weights:
             if PLE_SHARD in name and "mtp" not in name:
                 self.dropped += 1
+                self._spot_check(name, tensor)
                 continue
             m = SCALE_NAME.search(name)
             if m and "mtp" not in name:
                 self.scales_seen.add(int(m.group(1)))
             yield name, tensor
+
+    def _spot_check(self, name: str, tensor) -> None:
+        import secrets
+
+        import numpy as np
+        import torch
+
+        m = SHARD_NAME.search(name)
+        emb = self.bound.get(int(m.group(1))) if m else None
+        if emb is None:
+            return
+        size = (emb.org_vocab_size + self.parts - 1) // self.parts
+        start = int(m.group(2)) * size
+        lo, hi = emb.shard_indices.org_vocab_start_index, emb.shard_indices.org_vocab_end_index
+        a, b = max(start, lo), min(start + tensor.shape[0], hi)
+        if a >= b:
+            return  # another rank's rows
+        row = a + secrets.randbelow(b - a)
+        want = tensor[row - start].to(emb.weight.dtype).contiguous().view(-1).view(torch.uint8).numpy()
+        from ..sidecar.row_cache import RowCache
+
+        reader = emb._ssd_stream.reader
+        if isinstance(reader, RowCache):
+            reader = reader.reader  # the file's own reader: a check must not fill the cache or count in it
+        got = np.empty((1, reader.row_bytes), np.uint8)
+        reader.read_rows(np.array([row], np.int64), got)
+        if not np.array_equal(got[0], want):
+            from ..sidecar.errors import SidecarChecksumMismatch
+
+            table = reader.table
+            raise SidecarChecksumMismatch(
+                f"PLE layer {m.group(1)}: sidecar {table.file} row {row} differs from checkpoint shard {name} "
+                f"(rows {start}..{start + tensor.shape[0] - 1}): the sidecar was built from another checkpoint "
+                f"(or its tables were swapped); rebuild it with `sglang-ssd-stream sidecar build`",
+                path=str(table.file), actual=row, expected="identical bytes")
+        self.checked += 1
 
 
 def apply_scales(bound: dict, sidecar: config.Sidecar, seen: set[int]) -> None:
@@ -425,13 +469,17 @@ def around_load_weights(original, self, weights, *args, **kwargs):
     if sidecar is None:
         return original(self, weights, *args, **kwargs)
     bound = bind_embeddings(self, sidecar)
-    stream = _Filter(weights)
+    text_config = getattr(self.config, "text_config", self.config)
+    parts = getattr(text_config, "split_ngram_parts", getattr(self.config, "split_ngram_parts", 512))
+    stream = _Filter(weights, bound, parts)
     result = original(self, stream, *args, **kwargs)
+    self._ssd_stream_spot_checks = stream.checked  # evidence for tests and the log line below
     apply_scales(bound, sidecar, stream.scales_seen)
     start_prefetch(self, bound)
-    log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped", len(bound), stream.dropped)
-    _ran("load_weights", "layers %s bound to the sidecar, %d PLE shard tensor(s) skipped", sorted(bound),
-         stream.dropped)
+    log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped, %d of them spot-checked against "
+             "the sidecar", len(bound), stream.dropped, stream.checked)
+    _ran("load_weights", "layers %s bound to the sidecar, %d PLE shard tensor(s) skipped, %d spot-checked",
+         sorted(bound), stream.dropped, stream.checked)
     return result
 
 

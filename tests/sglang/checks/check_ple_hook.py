@@ -256,6 +256,41 @@ def test_refuses_a_sidecar_with_a_wrong_sha256(env, tmp_path, monkeypatch):
         _Model(env.q, _config("float8_e4m3fn"), (0, 1))
 
 
+@pytest.mark.parametrize("tp,shards", [((0, 1), PARTS), ((0, 2), PARTS // 2), ((1, 2), PARTS // 2)])
+def test_every_overlapping_checkpoint_shard_is_spot_checked(env, monkeypatch, tp, shards):
+    monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(env.root / "sidecar-float8_e4m3fn"))
+    m = _Model(env.q, _config("float8_e4m3fn"), tp)
+    m.load(env.q, env.ck["float8_e4m3fn"].path)
+    assert m._ssd_stream_spot_checks == shards  # one random row of each shard this rank holds
+
+
+@pytest.mark.parametrize("tp", [(0, 1), (1, 2)])
+def test_a_self_consistent_sidecar_of_another_checkpoint_is_refused_at_load(env, tmp_path, monkeypatch, tp):
+    """Every byte of the table changed and its SHA-256 updated in the manifest: the hash check passes,
+    the comparison with the checkpoint's own shards does not (issue 29 item 8)."""
+    import hashlib
+    import json
+    import shutil
+
+    from sglang_ssd_stream.sidecar.errors import SidecarChecksumMismatch
+
+    art = tmp_path / "other"
+    shutil.copytree(env.root / "sidecar-float8_e4m3fn", art)
+    for cache in art.glob(".ssd-stream-verified*"):
+        cache.unlink()
+    doc = json.loads((art / "ssd-stream.json").read_text())
+    for t in doc["tables"]:
+        f = art / t["path"]
+        data = bytes(b ^ 0x01 for b in f.read_bytes())
+        f.write_bytes(data)
+        t["sha256"] = hashlib.sha256(data).hexdigest()
+    (art / "ssd-stream.json").write_text(json.dumps(doc))
+    monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(art))
+    m = _Model(env.q, _config("float8_e4m3fn"), tp)  # binds: the sidecar is consistent with itself
+    with pytest.raises(SidecarChecksumMismatch, match="built from another checkpoint"):
+        m.load(env.q, env.ck["float8_e4m3fn"].path)
+
+
 def test_gather_on_an_unbound_sidecar_table_refuses(env, monkeypatch):
     from sglang_ssd_stream.sglang.hooks import SidecarHookError
 

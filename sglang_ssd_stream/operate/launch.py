@@ -128,14 +128,23 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
             raise ServeRefused(f"{var}={env[var]} breaks PLE CUDA IPC (pidfd_getfd: Operation not permitted); "
                                f"unset it")
     shown = {k: v for k, v in env.items() if side.shown_env and k.startswith(side.shown_env) and k not in profile.env}
-    explicit = set(env)  # what the operator exported stays as set (the doctor warns on it)
-    profile_env = {k: _fill(v, model, draft) for k, v in profile.env.items()}
+    explicit = set(env)  # what the operator exported stays as set (the doctor judges it)
+    notes = []
+    profile_env = {}
+    for k, v in profile.env.items():
+        v = _fill(v, model, draft)
+        if k in explicit and env[k] != v:  # exported wins: comparing settings is what exporting is for
+            notes.append(f"keeping the exported {k}={env[k]} (profile {profile.name} sets {v})")
+            profile_env[k] = env[k]
+        else:
+            profile_env[k] = v
     env.update(profile_env)
-    sized, notes = {}, []
+    sized = {}
     if cpu is not None and side.thread_knobs:
         from .host import size_threads
 
-        sized, notes = size_threads(env, dict(side.thread_knobs), cpu, explicit)
+        sized, sized_notes = size_threads(env, dict(side.thread_knobs), cpu, explicit)
+        notes += sized_notes
         env.update(sized)
 
     argv = side.engine_argv(python)

@@ -48,6 +48,8 @@ SIDE = EngineSide(
     update_model=True,
     install_hint="./install.sh --engine sglang",
     thread_knobs=((WORKERS_ENV, DEFAULT_WORKERS),),  # the PLE sidecar's reader pool (mmap and pread)
+    shown_env=("SGLANG_SSD_STREAM_", "SGLANG_PLUGINS", "SGLANG_QSA_", "SGLANG_EMPTY_CACHE_INTERVAL",
+               "SGLANG_SANITIZE_NAN_LOGITS"),  # the kit's knobs and the variables the profiles set
     metrics=METRICS,
     row_cache_knob=(ROW_CACHE_ENV, DEFAULT_ROW_CACHE_MB),  # PLE rows in registered host memory, all layers
 )

@@ -49,6 +49,21 @@ def test_thor_exact_argv_and_env():
                           "SGLANG_SSD_STREAM_ROW_CACHE_MB": "1024"}
 
 
+def test_exported_knobs_win_over_the_profile_and_are_shown():
+    """Issue 28 item 1: the README's comparison (ROW_CACHE_MB=0 against the default) must run what it says;
+    an exported IO mode acts, so the printed command shows it; a bad value is kept for the doctor to refuse."""
+    base = {"PATH": "/bin", "SGLANG_SSD_STREAM_ROW_CACHE_MB": "0", "SGLANG_SSD_STREAM_IO": "pread"}
+    launch = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY,
+                          base_env=base)
+    assert launch.env["SGLANG_SSD_STREAM_ROW_CACHE_MB"] == "0"
+    assert launch.profile_env["SGLANG_SSD_STREAM_ROW_CACHE_MB"] == "0"
+    assert launch.profile_env["SGLANG_SSD_STREAM_IO"] == "pread"  # inherited and acting: printed
+    assert "keeping the exported SGLANG_SSD_STREAM_ROW_CACHE_MB=0 (profile thor sets 1024)" in launch.notes
+    bad = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY,
+                       base_env={"SGLANG_SSD_STREAM_ROW_CACHE_MB": "abc"})
+    assert bad.env["SGLANG_SSD_STREAM_ROW_CACHE_MB"] == "abc"  # not silently replaced
+
+
 def test_discrete_gpu_profile_values():
     launch = build_launch(PROFILES["sglang", "discrete-gpu"], SIDES["sglang"], model="/m", draft="/d", python=PY, base_env={})
     a = launch.argv

@@ -176,7 +176,30 @@ def _emit(text: str, output: str | None) -> None:
     print(f"wrote {output}", file=sys.stderr)
 
 
+DEFAULT_UNIT = "qwen38-ssd-stream"
+
+
+def unit_name(args) -> str:
+    """The unit's name: --name, else the -o file's (``qwen38.service`` -> qwen38; a watch unit's
+    ``qwen38-watch.service`` -> the server unit qwen38), else the default. One name, so the watch
+    unit's Wants=/After= and --unit point at the server unit the user wrote."""
+    if getattr(args, "name", None):
+        return args.name
+    out = os.path.basename(getattr(args, "output", None) or "")
+    if out.endswith(".service"):
+        stem = out[: -len(".service")]
+        if getattr(args, "watch_unit", False) and stem.endswith("-watch"):
+            stem = stem[: -len("-watch")]
+        if stem:
+            return stem
+    return DEFAULT_UNIT
+
+
 def cmd_service(args) -> int:
+    if getattr(args, "side", None) is not None and args.side.service == "systemd":
+        args.name = unit_name(args)
+    elif not getattr(args, "name", None):
+        args.name = DEFAULT_UNIT
     if args.watch_unit:
         return _watch_unit(args)
     return SERVICES[args.side.service][1](args)
@@ -347,7 +370,7 @@ def _served_context(args) -> int:
 
 
 def _systemd_args(v) -> None:
-    v.add_argument("--name", default="qwen38-ssd-stream", help="unit and syslog identifier")
+    v.add_argument("--name", help="unit and syslog identifier (default: the -o file's name, else qwen38-ssd-stream)")
     v.add_argument("--user", required=True)
     v.add_argument("--group")
     v.add_argument("--home")

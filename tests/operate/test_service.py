@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -163,3 +164,19 @@ def test_systemd_existing_user_home_and_group_from_the_account_database(capsys):
     out = _run("sglang", ["service", "--profile", "thor", "--model", "/m", "--user", pw.pw_name, "--cli", "/c"], capsys)
     group = grp.getgrgid(pw.pw_gid).gr_name
     assert f"User={pw.pw_name}\nGroup={group}\nWorkingDirectory={pw.pw_dir}\nEnvironment=HOME={pw.pw_dir}\n" in out
+
+
+def test_the_watch_unit_names_the_server_unit_the_user_wrote(tmp_path, capsys):
+    """Issue 28 item 2: following the README (`-o qwen38.service`, then `--watch-unit -o qwen38-watch.service`)
+    gave a watcher tied to qwen38-ssd-stream.service, which did not exist."""
+    base = ["service", "--profile", "thor", "--model", "/m", "--user", "u", "--home", "/h", "--cli", "/c"]
+    _run("sglang", base + ["-o", str(tmp_path / "qwen38.service")], capsys)
+    server = (tmp_path / "qwen38.service").read_text()
+    assert "SyslogIdentifier=qwen38\n" in server
+    _run("sglang", base + ["--watch-unit", "-o", str(tmp_path / "qwen38-watch.service")], capsys)
+    watch = (tmp_path / "qwen38-watch.service").read_text()
+    assert "Wants=qwen38.service" in watch and "After=qwen38.service" in watch
+    assert re.search(r"--unit qwen38(\s|$)", watch), watch
+    assert "qwen38-ssd-stream" not in watch
+    explicit = _run("sglang", base + ["--watch-unit", "--name", "llm"], capsys)  # --name still decides
+    assert "Wants=llm.service" in explicit and "--unit llm" in explicit

@@ -167,6 +167,7 @@ say "runtime: $runtime ($engine $pin, Python $pyver, $arch)"
 # 128 + signal. pip runs in the background: sh runs a trap only once the foreground child ends.
 pip_pid=
 pip_starting=0
+pid_before=
 created_runtime=0
 created_venv=0
 remove_partial() {  # $1: why; what this run created and has not completed
@@ -182,8 +183,10 @@ remove_partial() {  # $1: why; what this run created and has not completed
 }
 on_signal() {  # $1: signal name, $2: exit code
     trap '' HUP INT TERM
-    # between pip's fork and `pip_pid=$!` the pid is only in $!
-    [ -n "$pip_pid" ] || [ "$pip_starting" = 0 ] || pip_pid=$!
+    # between pip's fork and `pip_pid=$!` the pid is only in $! (a new one: not the last pip's)
+    if [ -z "$pip_pid" ] && [ "$pip_starting" = 1 ] && [ "${!:-}" != "$pid_before" ]; then
+        pip_pid=${!:-}
+    fi
     if [ -n "$pip_pid" ]; then
         pkill -TERM -P "$pip_pid" 2>/dev/null || true
         kill -TERM "$pip_pid" 2>/dev/null || true
@@ -197,6 +200,7 @@ trap 'on_signal INT 130' INT
 trap 'on_signal TERM 143' TERM
 pip_install() {  # pip_install ARGS...: hash-checked unless --unlocked; a failure removes what this run made
     log=$(mktemp)
+    pid_before=${!:-}
     pip_starting=1
     "$vpy" -m pip install --disable-pip-version-check -q "$@" >"$log" 2>&1 &
     pip_pid=$!

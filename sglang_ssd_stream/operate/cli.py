@@ -188,8 +188,8 @@ def unit_name(args) -> str:
     out = os.path.basename(getattr(args, "output", None) or "")
     if out.endswith(".service"):
         stem = out[: -len(".service")]
-        if getattr(args, "watch_unit", False) and stem.endswith("-watch"):
-            stem = stem[: -len("-watch")]
+        if getattr(args, "watch_unit", False):  # only NAME-watch.service names a server unit
+            stem = stem[: -len("-watch")] if stem.endswith("-watch") else ""
         if stem:
             return stem
     return DEFAULT_UNIT

@@ -94,6 +94,10 @@ def check_mamba_slots(profile_args, extra) -> None:
             f"{running}: each request needs 1 + {steps or 0} Mamba state slots, so {need} are needed")
 
 
+# Engine plugin lists a profile names its plugin in: an export may add plugins, never drop ours.
+PLUGIN_LISTS = ("SGLANG_PLUGINS", "VLLM_PLUGINS")
+
+
 def _fill(value: str | None, model: str, draft: str | None) -> str | None:
     if value == MODEL:
         return model
@@ -133,6 +137,9 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
     profile_env = {}
     for k, v in profile.env.items():
         v = _fill(v, model, draft)
+        if k in PLUGIN_LISTS and k in explicit and env[k] and v not in env[k].split(","):  # empty: all
+            raise ServeRefused(f"the exported {k}={env[k]} leaves out {v}: without it the kit's plugin (its start-up "
+                               f"guard and the sidecar) does not load; unset {k} or add {v}")
         if k in explicit and env[k] != v:  # exported wins: comparing settings is what exporting is for
             notes.append(f"keeping the exported {k}={env[k]} (profile {profile.name} sets {v})")
             profile_env[k] = env[k]

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_CHANGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_PENDING, EXIT_REFUSED, KitError
+from ..errors import EXIT_CHANGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_REFUSED, KitError
 from . import commands
 from .engines import ENGINES
 from .state import MISSING, PATCHED, PRISTINE, UNKNOWN
@@ -164,7 +164,7 @@ def _report(args, engine, report, exc, signum) -> int:
         _emit(args, {"command": args.verb, "engine": engine.name, "error": type(exc).__name__,
                      "message": exc.message, "exit_code": code} if args.json else None, None, lines)
         return code
-    if args.verb == "status" and report.exit_code in (EXIT_OK, EXIT_PENDING) \
+    if args.verb == "status" and report.exit_code == EXIT_OK \
             and any(f.state in (UNKNOWN, MISSING) for f in report.files):
         report.exit_code = EXIT_REFUSED  # the README's "2: unknown or missing source state", for status too
     late = []

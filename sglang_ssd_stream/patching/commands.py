@@ -11,6 +11,7 @@ unchanged: a failed final check raises ChangedButUnfinished (exit 7).
 from __future__ import annotations
 
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from .diff import apply_file, load_patch, upstream_status
 from .manifest import Manifest, known_manifests
 from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, FileState, sha256_bytes, survey
 from .target import Target
-from .transaction import StateView, Transaction, Write
+from .transaction import ROLLED_BACK, StateView, Transaction, Write
 
 
 @dataclass
@@ -211,9 +212,10 @@ def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Re
             return report
     with Transaction(target.site_packages, manifest, create=True) as txn:
         _recover_first(report, txn)
-        files = survey(manifest, target.site_packages, manifests)
-        writes = _plan_apply(report, manifest, manifests, files)
-        txn.commit(writes, "apply")
+        with _after_recovery(report):
+            files = survey(manifest, target.site_packages, manifests)
+            writes = _plan_apply(report, manifest, manifests, files)
+            txn.commit(writes, "apply")
         report.committed = bool(writes) or bool(report.recovered)
         report.actions += txn.warnings
     return _final_check(report, manifests, PATCHED)
@@ -260,9 +262,10 @@ def revert(target: Target, root: Path | None = None, dry_run: bool = False) -> R
             return report
     with Transaction(target.site_packages, manifest) as txn:
         _recover_first(report, txn)
-        files = survey(manifest, target.site_packages, manifests)
-        writes = _plan_revert(report, manifests, files, txn)
-        txn.commit(writes, "revert")
+        with _after_recovery(report):
+            files = survey(manifest, target.site_packages, manifests)
+            writes = _plan_revert(report, manifests, files, txn)
+            txn.commit(writes, "revert")
         report.committed = bool(writes) or bool(report.recovered)
         report.actions += txn.warnings
     return _final_check(report, manifests, PRISTINE)
@@ -292,6 +295,21 @@ def _recover_first(report: Report, txn: Transaction) -> None:
     if record is not None:
         report.actions.append(f"an interrupted `patch {record[0]}` had left its files mixed: rolled "
                               f"{len(report.recovered)} file(s) back to pristine first")
+
+
+@contextmanager
+def _after_recovery(report: Report):
+    """A failure after the recovery step rolled files back must not claim that nothing was changed."""
+    try:
+        yield
+    except KitError as exc:
+        if not report.recovered:
+            raise
+        raise ChangedButUnfinished(
+            f"an interrupted command's files were first rolled back to pristine ({', '.join(report.recovered)}); "
+            f"then the {report.command} failed: {exc.message.replace(ROLLED_BACK, 'its own writes were undone')}. "
+            f"Run `{report.manifest.engine.tool} patch "
+            f"{report.command}` again once the cause is gone") from None
 
 
 def _final_check(report: Report, manifests: list[Manifest], want: str | None) -> Report:

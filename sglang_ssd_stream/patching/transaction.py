@@ -328,6 +328,7 @@ class Transaction(StateView):
         self._handlers: dict = {}
         self._step_name = ""
         self._rolling_back = False
+        self._deferring = False  # recovery: signals wait until every journal file is pristine again
         self.committed = False  # past the commit point: what follows never rolls back
         self.warnings: list[str] = []
 
@@ -341,7 +342,7 @@ class Transaction(StateView):
             step = f"rollback: {step}"
         self._step_name = step
         self._checkpoint(step)
-        if self._signal is not None and not self._rolling_back:
+        if self._signal is not None and not self._rolling_back and not self._deferring:
             raise Interrupted(f"interrupted by {signal.Signals(self._signal).name} before {step}", self._signal)
 
     # --- signals: recorded, raised at the next step (never half-way through a system call's effects)
@@ -721,14 +722,20 @@ class Transaction(StateView):
             plan.append(entry)
         self._refuse_mixed_groups({e.path for e, _b, _a in entries})
         restored = []
-        for entry in plan:
-            dir_fd, name = self._target_dir(entry.path)
-            _current, st = self._current(entry)
-            pristine = self.read_backup(entry.pristine, entry.path)
-            self._atomic(dir_fd, name, entry.path, pristine, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            self._drop_bytecode(entry.path)
-            restored.append(entry.path)
-        self._unlink(self._engine_fd, JOURNAL, "journal")
+        # A roll forward to pristine: a signal now waits until every file is back (then the next step, or the
+        # command's end, honours it), so an interruption never leaves fewer files pristine than it found.
+        self._deferring = True
+        try:
+            for entry in plan:
+                dir_fd, name = self._target_dir(entry.path)
+                _current, st = self._current(entry)
+                pristine = self.read_backup(entry.pristine, entry.path)
+                self._atomic(dir_fd, name, entry.path, pristine, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+                self._drop_bytecode(entry.path)
+                restored.append(entry.path)
+            self._unlink(self._engine_fd, JOURNAL, "journal")
+        finally:
+            self._deferring = False
         self.committed = True
         self._sync_after_commit()
         return restored

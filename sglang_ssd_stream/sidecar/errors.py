@@ -61,7 +61,7 @@ class SidecarIOError(_WithData, EnvironmentProblem):
 
 
 class SidecarChanged(SidecarIOError):
-    """A table was written while it is served (in place: its size, mtime or ctime changed since it was
+    """A table was written while it is served (in place: its size or mtime changed since it was
     opened). Its rows are never served again; rows read across the write are not returned."""
 
 

@@ -21,7 +21,7 @@ reads through a mapping of this rank's rows instead of ``preadv`` into a page bu
 Memory: nothing is allocated per table; the mapped pages are page cache, which the kernel
 reclaims. Per call a few index arrays of ``len(ids)`` entries.
 
-Failure: the file's identity (size, mtime, ctime) is checked before and after every copy, so a
+Failure: the file's identity (inode, size, mtime) is checked before and after every copy, so a
 table truncated (:class:`SidecarTruncated`) or rewritten in place (:class:`SidecarChanged`) while
 mapped is refused and the reader stays closed for use. A *media* error while
 copying cannot be turned into an exception: the kernel sends SIGBUS and the process dies

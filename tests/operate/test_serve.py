@@ -64,6 +64,18 @@ def test_exported_knobs_win_over_the_profile_and_are_shown():
     assert bad.env["SGLANG_SSD_STREAM_ROW_CACHE_MB"] == "abc"  # not silently replaced
 
 
+@pytest.mark.parametrize("exported,ok", [("other", False), ("", True), ("other,ssd_stream", True)])
+def test_an_exported_plugin_list_may_add_plugins_never_drop_ours(exported, ok):
+    def launch():
+        return build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY,
+                            base_env={"SGLANG_PLUGINS": exported})
+    if ok:
+        assert launch().env["SGLANG_PLUGINS"] == exported  # empty loads every installed plugin, ours included
+    else:
+        with pytest.raises(ServeRefused, match="SGLANG_PLUGINS=other leaves out ssd_stream"):
+            launch()
+
+
 def test_discrete_gpu_profile_values():
     launch = build_launch(PROFILES["sglang", "discrete-gpu"], SIDES["sglang"], model="/m", draft="/d", python=PY, base_env={})
     a = launch.argv

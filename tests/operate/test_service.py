@@ -180,3 +180,10 @@ def test_the_watch_unit_names_the_server_unit_the_user_wrote(tmp_path, capsys):
     assert "qwen38-ssd-stream" not in watch
     explicit = _run("sglang", base + ["--watch-unit", "--name", "llm"], capsys)  # --name still decides
     assert "Wants=llm.service" in explicit and "--unit llm" in explicit
+
+
+def test_a_watch_unit_file_not_named_name_watch_keeps_the_default_server_unit(tmp_path, capsys):
+    base = ["service", "--profile", "thor", "--model", "/m", "--user", "u", "--home", "/h", "--cli", "/c"]
+    _run("sglang", base + ["--watch-unit", "-o", str(tmp_path / "watch.service")], capsys)
+    watch = (tmp_path / "watch.service").read_text()
+    assert "Wants=qwen38-ssd-stream.service" in watch and "Wants=watch.service" not in watch

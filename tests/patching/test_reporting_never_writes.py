@@ -101,6 +101,8 @@ def test_an_odd_directory_on_a_target_path_is_a_refusal(kit, tmp_path, odd, jour
             assert "Traceback" not in out + err, (verb, out, err)
             if verb == "recover" and not journal:
                 assert rc == EXIT_OK  # nothing to recover; the survey shows the odd file
+            elif verb == "status" and journal:
+                assert rc == EXIT_PENDING, (verb, extra, rc, out, err)  # the journal is what to act on first
             else:
                 assert rc == EXIT_REFUSED, (verb, extra, rc, out, err)
             assert "sglang/srt/managers" in out + err
@@ -182,3 +184,54 @@ def test_an_io_error_reading_a_patch_is_the_environment(kit, monkeypatch):
     rc, out, err = run_cli(kit, "apply")
     assert rc == 4 and "cannot read patch 0001-demo: diff file" in err and "EIO" in err, (rc, err)
     assert kit.path("sglang/srt/a.py").read_text() == A_PRISTINE
+
+
+def test_a_signal_during_recovery_is_honoured_after_every_file_is_pristine(kit, monkeypatch):
+    """SIGINT while recover rolls the second file back: it finishes the roll back, then says so (exit 7)."""
+    import signal
+
+    from sglang_ssd_stream.patching import transaction
+
+    assert run_cli(kit, "apply")[0] == EXIT_OK
+    _journal(kit, list(kit.files))
+    writes = {"n": 0}
+
+    def checkpoint(self, step):
+        if step.startswith("write sglang/srt"):
+            writes["n"] += 1
+            if writes["n"] == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(transaction.Transaction, "_checkpoint", checkpoint)
+    rc, out, err = run_cli(kit, "recover")
+    assert writes["n"] == 2
+    assert rc == EXIT_CHANGED and "WAS made" in err, (rc, out, err)
+    assert _states(kit) == {"pristine"} and not kit.site.joinpath(*STATE, "journal.json").exists()
+
+
+def test_a_failure_after_the_recovery_step_says_the_recovery_was_made(kit, monkeypatch):
+    """apply recovers a journal (patched -> pristine), then its own commit hits ENOSPC: never "nothing changed"."""
+    import errno
+
+    from sglang_ssd_stream.patching import transaction
+
+    assert run_cli(kit, "apply")[0] == EXIT_OK
+    _journal(kit, list(kit.files))
+
+    def checkpoint(self, step):
+        if step == "write journal":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(transaction.Transaction, "_checkpoint", checkpoint)
+    rc, out, err = run_cli(kit, "apply")
+    assert rc == EXIT_CHANGED, (rc, err)
+    assert "first rolled back to pristine" in err and "Nothing was changed" not in err, err
+    assert _states(kit) == {"pristine"}
+
+
+def test_status_keeps_the_pending_exit_when_a_file_is_also_missing(kit):
+    assert run_cli(kit, "apply")[0] == EXIT_OK
+    _journal(kit, list(kit.files))
+    kit.path("sglang/srt/managers/b.py").unlink()
+    assert run_cli(kit, "status")[0] == EXIT_PENDING
+    assert run_cli(kit, "verify")[0] == EXIT_PENDING

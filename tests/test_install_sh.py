@@ -253,9 +253,13 @@ def test_a_signal_during_pip_stops_it_and_removes_the_half_built_runtime(tmp_pat
     prefix = tmp_path / "rt"
     env = {**os.environ, "PIP_INDEX_URL": index, "PIP_CONFIG_FILE": os.devnull, "PIP_DEFAULT_TIMEOUT": "600",
            "PIP_RETRIES": "0", "PIP_NO_CACHE_DIR": "1", "HOME": str(tmp_path)}
+    def default_signals():  # a shell cannot trap a signal ignored on entry (a background CI job ignores SIGINT)
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+
     proc = subprocess.Popen(["sh", str(INSTALL), "--unlocked", "--python", sys.executable, "--prefix", str(prefix),
                              "--bin-dir", str(tmp_path / "bin")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 240  # venv creation (ensurepip) first; pip then waits on the index
         pip = None

@@ -5,7 +5,7 @@ start: the engine put in a patch state, the server started, the requests a proof
 process titles kept, the server stopped (always, and before the next one starts). Scenarios are
 session fixtures, so each server starts once however many tests read its results; tests only assert.
 
-Budget (CI: 2 cores): eleven server starts, at most 16 generated tokens per request.
+Budget (CI: 2 cores): twelve server starts, at most 16 generated tokens per request.
 """
 
 from __future__ import annotations
@@ -199,6 +199,12 @@ def sidecar(engine, qwen4_model, e2e_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def other_rows_model(other_rows_sidecar, e2e_root) -> Path:
+    """The checkpoint ``other_rows_sidecar`` was built from (the tiny qwen4_exp with every PLE shard negated)."""
+    return e2e_root / "qwen4_exp-other-rows"
+
+
+@pytest.fixture(scope="session")
 def other_rows_sidecar(engine, qwen4_model, e2e_root) -> Path:
     """A valid sidecar of the same geometry whose PLE rows differ (every shard negated)."""
     from safetensors.torch import load_file, save_file
@@ -355,8 +361,17 @@ def qwen4_sidecar_cache(stage, qwen4_model, sidecar) -> Scenario:
 
 
 @pytest.fixture(scope="session")
-def qwen4_other_rows(stage, qwen4_model, other_rows_sidecar) -> Scenario:
-    return _sidecar_scenario(stage, qwen4_model, other_rows_sidecar, "qwen4-sidecar-other-rows", "mmap")
+def qwen4_other_rows(stage, other_rows_model, other_rows_sidecar) -> Scenario:
+    """The negated checkpoint with its own sidecar: its rows, bound to it, must change the output."""
+    return _sidecar_scenario(stage, other_rows_model, other_rows_sidecar, "qwen4-sidecar-other-rows", "mmap")
+
+
+@pytest.fixture(scope="session")
+def qwen4_foreign_sidecar(stage, qwen4_model, other_rows_sidecar) -> Scenario:
+    """The model with another checkpoint's self-consistent sidecar: refused at load (the shard spot-check)."""
+    return stage.refuse("qwen4-sidecar-foreign", "patched", qwen4_model, standin=True,
+                        args=qwen4_args("--ple-offload-embedding"),
+                        env={"SGLANG_SSD_STREAM_SIDECAR": str(other_rows_sidecar), "SGLANG_SSD_STREAM_ROW_CACHE_MB": "0"})
 
 
 @pytest.fixture(scope="session", params=["truncated", "tampered"])

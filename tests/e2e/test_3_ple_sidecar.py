@@ -63,6 +63,17 @@ def test_sidecar_rows_reach_the_output(qwen4_ram, qwen4_other_rows):
     assert [r["logprobs"] for r in ours] != [r["logprobs"] for r in other]
 
 
+def test_another_checkpoints_sidecar_stops_the_server_at_load(qwen4_foreign_sidecar):
+    """Issue 29 item 8 over the real server: a sidecar consistent with its own SHA-256s but built from another
+    checkpoint is refused while the checkpoint's PLE shards stream by, before anything is served."""
+    sc = qwen4_foreign_sidecar
+    assert sc.exit_code not in (None, 0), sc.log[-4000:]
+    assert "Uvicorn running" not in sc.log
+    hits = [line for line in sc.log.splitlines() if "SidecarChecksumMismatch" in line
+            and "built from another checkpoint" in line]
+    assert hits, sc.log[-4000:]
+
+
 def test_damaged_sidecar_stops_the_server_at_load(qwen4_damaged_sidecar):
     how, damaged, sc = qwen4_damaged_sidecar
     assert sc.exit_code not in (None, 0), sc.log[-4000:]

@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from vllm_ple_offload import doctor as preflight, env
+from sglang_ssd_stream.findings import errors_of
 from vllm_ple_offload.errors import PreflightFailed
 from vllm_ple_offload.doctor import ERROR, OK, WARNING, DiskFacts, Facts
 
@@ -37,7 +38,7 @@ def streaming(tmp_path, **extra):
 
 def test_healthy_machine_passes():
     findings = preflight.run_checks(PINNED, facts())
-    assert not preflight.errors_of(findings)
+    assert not errors_of(findings)
     preflight.raise_on_errors(findings)  # does not raise
 
 

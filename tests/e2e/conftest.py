@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from ..engine import EngineVenv, engine_venv
+from . import probes
+from .probes import token_ids
 from .server import HYBRID_CAPS, SglangServer, ServerFailed, build_stub_driver, stop_all
 
 ALLOW_UNPATCHED = {"SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
@@ -36,11 +38,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-
-
-def token_ids(n: int, seed: int = 0) -> list[int]:
-    """A deterministic prompt of ``n`` ordinary token ids (the tokenizer's specials are ids < 10)."""
-    return [10 + (i * 37 + seed * 101) % 980 for i in range(n)]
 
 
 @dataclass
@@ -176,9 +173,12 @@ def qwen3_model(e2e_root) -> Path:
 
 @pytest.fixture(scope="session")
 def qwen4_model(e2e_root) -> Path:
-    from .models import make_qwen4_exp
+    """The tiny qwen4_exp with its NEXTN draft in ``mtp/``, as the real checkpoint ships it."""
+    from .models import make_qwen4_exp, write_mtp_draft
 
-    return make_qwen4_exp(e2e_root / "qwen4_exp")
+    model = make_qwen4_exp(e2e_root / "qwen4_exp")
+    write_mtp_draft(model)
+    return model
 
 
 def kit(engine: EngineVenv, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -267,7 +267,7 @@ def greedy_runs(server: SglangServer) -> list[dict]:
         runs.append({"prompt_tokens": meta["prompt_tokens"], "output_ids": body["output_ids"],
                      "logprobs": [entry[0] for entry in meta["output_token_logprobs"]],
                      "logprob_ids": [entry[1] for entry in meta["output_token_logprobs"]],
-                     "finish_reason": meta["finish_reason"]})
+                     "finish_reason": meta["finish_reason"], "spec_verify_ct": meta.get("spec_verify_ct")})
     return runs
 
 
@@ -381,3 +381,61 @@ def qwen4_damaged_sidecar(request, stage, qwen4_model, sidecar, e2e_root) -> tup
     sc = stage.refuse(f"qwen4-sidecar-{how}", "patched", qwen4_model, standin=True,
                       args=qwen4_args("--ple-offload-embedding"), env={"SGLANG_SSD_STREAM_SIDECAR": str(damaged)})
     return how, damaged, sc
+
+
+# ----------------------------------------------------------------------------- NEXTN / MTP (issue 30)
+# The Thor profile's speculative launch scaled to this CPU (speculative.py says flag by flag), a qwen4_exp
+# with its draft. Each scenario serves many cases: one start per engine state and PLE source.
+
+
+def mtp_server_args(model: Path, *extra: str, mamba_slots: int | None = None) -> list[str]:
+    from .models import MTP_DIR
+    from .speculative import mtp_args
+
+    # --disable-radix-cache as every hybrid scenario here (HYBRID_CAPS); the Mamba cache is the profile's
+    return ["--disable-radix-cache", *mtp_args(model / MTP_DIR, mamba_slots=mamba_slots), *extra]
+
+
+VOCAB_PAST = [11, 12, 10**6]  # issue 30: this prompt ended the whole pristine server
+
+
+@pytest.fixture(scope="session")
+def qwen4_mtp_pristine(stage, qwen4_model) -> Scenario:
+    """The pristine engine under MTP, sglang's in-RAM PLE table: the write-up §8 probes (each bounded: the
+    write-up saw the request never finish), clients that go away, then a token id past the vocabulary (the
+    server may die of it: observed, bounded, last)."""
+
+    def exercise(server):
+        out = {"greedy": greedy_runs(server), "truncation": probes.truncation(server),
+               "disconnects": probes.disconnects(server)}
+        out["past_vocab"] = probes.completion(server, VOCAB_PAST, 2, timeout=60)
+        out["past_vocab_death"] = probes.wait_dead(server)
+        return out
+
+    return stage.serve("qwen4-mtp-pristine", "pristine", qwen4_model, exercise, standin=True,
+                       args=mtp_server_args(qwen4_model, "--ple-offload-embedding"), env=ALLOW_UNPATCHED)
+
+
+@pytest.fixture(scope="session")
+def qwen4_mtp_ram(stage, qwen4_model) -> Scenario:
+    """Ours under MTP, sglang's in-RAM PLE table: greedy runs (against the same build without MTP), the §8
+    probes, the profile's four requests at once, clients that go away, a token id past the vocabulary."""
+
+    def exercise(server):
+        out = {"greedy": greedy_runs(server), "truncation": probes.truncation(server),
+               "four": probes.four_at_once(server), "disconnects": probes.disconnects(server)}
+        out["past_vocab"] = probes.completion(server, VOCAB_PAST, 2, timeout=60)
+        out["alive_after_past_vocab"] = probes.alive(server)
+        return out
+
+    return stage.serve("qwen4-mtp-ram", "patched", qwen4_model, exercise, standin=True,
+                       args=mtp_server_args(qwen4_model, "--ple-offload-embedding"))
+
+
+@pytest.fixture(scope="session")
+def qwen4_mtp_sidecar(stage, qwen4_model, sidecar) -> Scenario:
+    """Ours under MTP with the default launch's PLE path: the sidecar through the row cache, prompt-ahead
+    prefetch on."""
+    return stage.serve("qwen4-mtp-sidecar", "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
+                       standin=True, args=mtp_server_args(qwen4_model, "--ple-offload-embedding"),
+                       env={"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": "mmap"})

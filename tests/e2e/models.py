@@ -106,3 +106,57 @@ def make_qwen4_exp(out: Path) -> Path:
     meta["text_config"]["full_attention_interval"] = 4
     (out / "config.json").write_text(json.dumps(meta, indent=1))
     return out
+
+
+MTP_DIR = "mtp"  # the real checkpoint's draft directory (profiles: --speculative-draft-model-path <snapshot>/mtp)
+
+
+def write_mtp_draft(model: Path, seed: int = 1) -> Path:
+    """The NEXTN draft of the tiny qwen4_exp at ``model/mtp``, laid out as the real checkpoint's draft: the
+    target's ``config.json`` (sglang rewrites the architecture to ``Qwen4ExpForCausalLMMTP`` for a draft and
+    shrinks it to one full-attention layer) and ``mtp.*`` tensors, which transformers' class never writes.
+
+    Names are what ``Qwen3_5ForCausalLMMTP.load_weights`` (inherited by ``Qwen4ExpForCausalLMMTP``) maps:
+    ``mtp.X`` -> ``model.X``, ``mtp.fc_*``/``mtp.pre_fc_*`` -> the fusion at the top level. The draft layer is
+    a QSA attention layer like the target's layer 3, so its tensors take that layer's shapes; the fusion
+    (hyper-connection width 2: ``fc_embedding``, ``fc_hidden``, ``pre_fc_norm_embedding`` [hidden],
+    ``pre_fc_norm_hidden`` [2 x hidden]) is new. sglang 0.5.23's draft sets ``ple_layer_ids = []``: the draft has
+    no PLE layer, so no PLE tensor is written (the loader would only warn and skip one). Random values: the
+    draft's accept rate means nothing; greedy output must not depend on it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    draft = model / MTP_DIR
+    draft.mkdir(exist_ok=True)
+    for f in model.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy2(f, draft / f.name)
+    target = {}
+    for f in sorted(model.glob("*.safetensors")):
+        target.update(load_file(str(f)))
+    text = json.loads((model / "config.json").read_text())["text_config"]
+    hidden, hc = text["hidden_size"], text["hc_count"]
+    qsa_layer = text["layer_types"].index("indexed_attention")
+    src = f"model.language_model.layers.{qsa_layer}."
+    gen = torch.Generator().manual_seed(seed)
+
+    def like(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 1:  # norms: GemmaRMSNorm scales by 1 + w
+            return torch.zeros_like(t)
+        return (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype)
+
+    out = {f"mtp.layers.0.{name[len(src):]}": like(t) for name, t in target.items() if name.startswith(src)}
+    mixer = "model.language_model.hyper_connection_mixer."
+    out.update({f"mtp.hyper_connection_mixer.{n[len(mixer):]}": like(t) for n, t in target.items()
+                if n.startswith(mixer)})
+    bf16 = torch.bfloat16
+    out["mtp.fc_embedding.weight"] = like(torch.empty(hidden, hidden, dtype=bf16))
+    out["mtp.fc_hidden.weight"] = like(torch.empty(hidden, hidden, dtype=bf16))
+    out["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(hidden, dtype=bf16)
+    out["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(hc * hidden, dtype=bf16)
+    if not any(".self_attn.indexer." in n for n in out):
+        raise AssertionError("the target's QSA layer has no indexer tensors: the draft layout would be wrong")
+    save_file(out, str(draft / "model.safetensors"), metadata={"format": "pt"})
+    return draft

@@ -18,6 +18,12 @@ which PyPI does not ship; the CUDA build imports only with the stub driver the t
   synchronous no-op stand-ins (CPU work is already ordered), ``Tensor.record_stream`` ignores them, and
   ``allocate_ple_host_table(backend="pinned")`` returns ordinary memory (pinning needs a driver).
 
+* NEXTN/MTP (speculative decoding): 8 more ``sgl_kernel`` CPU ops (``copy_all_layer_kv_cache_cpu``,
+  ``assign_req_to_token_pool_cpu``, ``assign_draft_cache_locs_contiguous_cpu``, ``assign_extend_cache_locs_cpu``,
+  ``fill_bonus_tokens_cpu``, ``fill_accept_out_cache_loc_cpu``, and the tree builder / greedy verify run as
+  sglang's own Triton forms under the interpreter), the target verify's conv update with intermediate conv
+  windows, and the verify commit's state scatters (``mamba_state_scatter_triton``, CUDA/XPU only upstream).
+
 Every number these produce proves nothing about kernels or speed: they make the engine's control flow,
 the kit's hooks and patches, and the HTTP contract run on a CPU. Each stand-in logs once per process when
 it first runs (``ssd_stream_cpu_standin: ran <name>``), so a test can tell a stand-in from the real thing.
@@ -55,7 +61,8 @@ def ran(name: str) -> None:
 # module -> what to do *before* its body runs (ops its body looks up) / *after* (attributes to change)
 _BEFORE = {
     "sglang.srt.models.qwen3_5", "sglang.srt.models.qwen3_next", "sglang.srt.layers.attention.linear.gdn_backend",
-    "sglang.srt.layers.attention.linear.kernels.gdn_triton", "sgl_kernel.mamba",
+    "sglang.srt.layers.attention.linear.kernels.gdn_triton", "sgl_kernel.mamba", "sgl_kernel.kvcacheio",
+    "sgl_kernel.speculative",
 }
 
 
@@ -97,12 +104,89 @@ def _after_ple_table(mod):
     _cuda_streams()
 
 
+def _after_gdn_backend(mod):
+    """The MTP target verify calls the CPU ``causal_conv1d_update`` with the verify's keywords, which the CPU
+    build's wrapper does not take: ``intermediate_conv_window`` [slots, draft tokens, dim, W-1] keeps the conv
+    window after each draft step (at ``intermediate_state_indices``) for the commit of the accepted step. Those
+    calls get :func:`causal_conv1d_verify`; every other call stays on the CPU wrapper. (sglang's own Triton
+    ``causal_conv1d_update`` under the Triton interpreter returned NaN here, so it is not used.)"""
+    cpu_update = mod.causal_conv1d_update
+
+    def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, **kw):
+        if kw.get("intermediate_conv_window") is None:
+            return cpu_update(x, conv_state, weight, bias, activation, **kw)
+        return causal_conv1d_verify(x, conv_state, weight, bias, activation, **kw)
+
+    mod.causal_conv1d_update = causal_conv1d_update
+
+
+def causal_conv1d_verify(x, conv_state, weight, bias, activation, *, conv_state_indices, intermediate_conv_window,
+                         intermediate_state_indices, retrieve_next_token=None, retrieve_next_sibling=None,
+                         retrieve_parent_token=None, pad_slot_id=-1, **unsupported):
+    """``kernels/ops/mamba/causal_conv1d_triton.py:causal_conv1d_update`` for a chain verify (topk 1):
+    x [B, dim, steps]; per request the steps run in order from ``conv_state[slot]`` (left updated by all of
+    them, as the kernel does; the commit then writes back the accepted step's window) and the window after
+    step t is kept at ``intermediate_conv_window[intermediate_state_indices[i], t]``."""
+    import torch
+
+    if retrieve_parent_token is not None or unsupported.get("num_accept_tokens") is not None:
+        raise NotImplementedError("CPU stand-in: tree verify (topk > 1) / num_accept_tokens is not stood in")
+    if unsupported.get("cache_seqlens") is not None:
+        raise NotImplementedError("CPU stand-in: a circular conv state (cache_seqlens) is not stood in")
+    ran("causal_conv1d_update target verify (intermediate conv windows)")
+    silu = activation in ("silu", "swish", True)
+    batch, dim, steps = x.shape
+    width = weight.shape[-1]
+    w = weight.reshape(dim, width)
+    out = torch.empty_like(x)
+    for i in range(batch):
+        slot = int(conv_state_indices[i])
+        if slot == pad_slot_id or slot < 0:
+            out[i].zero_()
+            continue
+        keep = int(intermediate_state_indices[i])
+        state = conv_state[slot].to(x.dtype)
+        for t in range(steps):
+            window = torch.cat([state, x[i, :, t: t + 1]], dim=1)
+            out[i, :, t] = _conv_window(window, w, bias, silu).to(x.dtype)
+            state = window[:, 1:]
+            if keep >= 0:
+                intermediate_conv_window[keep, t].copy_(state.to(intermediate_conv_window.dtype))
+        conv_state[slot].copy_(state.to(conv_state.dtype))
+    return out
+
+
+
+def _after_mamba_state_scatter(mod):
+    """The verify's commit of the accepted step (``scatter_mamba_states_after_mtp_verify``) refuses CPU tensors
+    in its two Triton scatters. Stood in with their documented math: for each request ``i`` whose step is >= 0,
+    ``dst[:, dst_indices[i]] = src[:, src_rows[i], step[i]]`` (SSM states, and the conv windows through their
+    overlapping strided view); the multi-type conv launch is routed to the per-type one."""
+
+    def scatter(name):
+        def fn(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None):
+            ran(f"{name} (torch)")
+            steps = step_indices_raw.tolist()
+            rows = src_indices_raw.tolist() if src_indices_raw is not None else list(range(len(steps)))
+            for d, st, r in zip(dst_indices_raw.tolist(), steps, rows):
+                if st >= 0 and 0 <= d < dst.shape[1] and r < src.shape[1] and st < src.shape[2]:
+                    dst[:, int(d)] = src[:, int(r), int(st)]
+        return fn
+
+    mod.fused_mamba_state_scatter_with_mask = scatter("fused_mamba_state_scatter_with_mask")
+    mod.fused_conv_window_scatter_with_mask = scatter("fused_conv_window_scatter_with_mask")
+    mod._conv_multi_eligible = lambda pairs: False
+
+
+
 _AFTER = {
     "sglang.srt.utils.common": _after_utils_common,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _after_layernorm_gated,
     "sglang.kernels.ops.attention.fla.fused_norm_gate": _after_layernorm_gated,
     "sglang.srt.layers.attention.qsa.qsa_indexer": _after_qsa_indexer,
     "sglang.srt.models.qwen4_exp_ple_table": _after_ple_table,
+    "sglang.srt.layers.attention.linear.gdn_backend": _after_gdn_backend,
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _after_mamba_state_scatter,
 }
 
 
@@ -458,6 +542,109 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b, in
     return out
 
 
+# ----------------------------------------------------------------------------- NEXTN / MTP (speculative decoding)
+
+
+def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
+    """``kernels/ops/kvcache/cache_move.py:copy_all_layer_kv_cache_tiled`` on CPU: for every layer buffer (a raw
+    base address in ``data_ptrs``, ``strides`` bytes per token slot) copy slot ``src_loc[i]`` to ``tgt_loc[i]``.
+    All sources are read before any target is written, as the tiled kernel loads before it stores (so an
+    overlapping move stays right). Used by the KV pool's warm-up and by speculative decoding's KV moves."""
+    import ctypes
+
+    ran("copy_all_layer_kv_cache_cpu")
+    srcs, tgts = [int(i) for i in src_loc.tolist()], [int(i) for i in tgt_loc.tolist()]
+    if len(srcs) != len(tgts):
+        raise ValueError(f"copy_all_layer_kv_cache_cpu: {len(srcs)} sources for {len(tgts)} targets")
+    for base, stride in zip((int(b) for b in data_ptrs.tolist()), (int(s) for s in strides.tolist())):
+        rows = [ctypes.string_at(base + s * stride, stride) for s in srcs]
+        for t, row in zip(tgts, rows):
+            ctypes.memmove(base + t * stride, row, stride)
+
+
+def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+    """``mem_cache/allocation.py:assign_req_to_token_pool`` (Triton) on CPU: request ``i`` gets
+    ``req_to_token[req_pool_indices[i], start_offset[i]:end_offset[i]]`` from the next ``end - start`` entries
+    of ``out_cache_loc`` (the requests' slices lie back to back, in batch order)."""
+    ran("assign_req_to_token_pool_cpu")
+    if req_to_token.shape[1] != pool_len:
+        raise ValueError(f"assign_req_to_token_pool_cpu: pool_len {pool_len} != row length {req_to_token.shape[1]}")
+    at = 0
+    for row, lo, hi in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+        n = int(hi) - int(lo)
+        if n > 0:
+            req_to_token[int(row), int(lo):int(hi)] = out_cache_loc[at:at + n].to(req_to_token.dtype)
+            at += n
+
+
+def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk,
+                                           num_steps):
+    """``kernels/ops/speculative/cache_locs.py:assign_draft_cache_locs_contiguous`` (Triton) on CPU, without
+    positions (the CPU path writes none): request ``i``'s ``topk * num_steps`` slots of ``req_to_token`` from
+    ``seq_lens[i]`` on go to ``out_cache_loc[i * topk * num_steps:]``."""
+    ran("assign_draft_cache_locs_contiguous_cpu")
+    n = topk * num_steps
+    for i, (row, start) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+        out_cache_loc[i * n:(i + 1) * n] = req_to_token[int(row), int(start):int(start) + n].to(out_cache_loc.dtype)
+
+
+def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+    """``kernels/ops/speculative/cache_locs.py:assign_extend_cache_locs`` (Triton) on CPU: the inverse of
+    :func:`assign_req_to_token_pool_cpu`, ``req_to_token[row_i, start_i:end_i]`` back to back into ``out_cache_loc``."""
+    ran("assign_extend_cache_locs_cpu")
+    at = 0
+    for row, lo, hi in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+        n = int(hi) - int(lo)
+        if n > 0:
+            out_cache_loc[at:at + n] = req_to_token[int(row), int(lo):int(hi)].to(out_cache_loc.dtype)
+            at += n
+
+
+def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride):
+    """``kernels/ops/speculative/eagle.py:fill_bonus_tokens``: the last accepted token of each request
+    (``accept_lens`` counts the bonus token) into ``bonus_tokens``."""
+    ran("fill_bonus_tokens_cpu")
+    flat = accept_tokens.reshape(-1)
+    for i, n in enumerate(accept_lens.tolist()):
+        bonus_tokens[i] = flat[accept_stride * i + int(n) - 1]
+
+
+def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
+    """``kernels/ops/speculative/eagle.py:fill_accept_out_cache_loc``: the slots of the accepted draft tokens
+    (``accept_index`` entries != -1, in order) packed into ``accept_out_cache_loc``."""
+    ran("fill_accept_out_cache_loc_cpu")
+    dst = 0
+    for src in accept_index.reshape(-1).tolist():
+        if src > -1:
+            accept_out_cache_loc[dst] = out_cache_loc[int(src)]
+            dst += 1
+
+
+def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                    retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                                    draft_token_num, tree_mask_mode):
+    """The draft tree's mask, positions and links: sglang's own Triton form of the op
+    (``kernels/ops/speculative/spec_tree.py:sgl_build_tree_kernel_triton``, its XPU path), run by the Triton
+    interpreter on CPU tensors (``TRITON_INTERPRET=1``); it refuses the bit-packed mask mode itself."""
+    from sglang.kernels.ops.speculative import spec_tree
+
+    ran("build_tree_kernel_efficient_cpu (sglang's Triton form, interpreted)")
+    spec_tree.sgl_build_tree_kernel_triton(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                           retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                                           draft_token_num, spec_tree.TreeMaskMode(tree_mask_mode))
+
+
+def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                           retrive_next_sibling, target_predict):
+    """Greedy verify of the draft tokens against the target's argmax: sglang's own Triton form
+    (``spec_tree.py:verify_tree_greedy_triton``), interpreted on CPU tensors."""
+    from sglang.kernels.ops.speculative import spec_tree
+
+    ran("verify_tree_greedy_cpu (sglang's Triton form, interpreted)")
+    spec_tree.verify_tree_greedy_triton(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                        retrive_next_token, retrive_next_sibling, target_predict)
+
+
 _OPS = {
     "fused_sigmoid_mul_cpu(Tensor(a!) x, Tensor gate) -> ()": fused_sigmoid_mul_cpu,
     "fused_qk_gemma_rmsnorm_cpu(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, int head_dim)"
@@ -484,6 +671,25 @@ _OPS = {
     "bool disable_state_update=False, Tensor(b!)? intermediate_states_buffer=None, "
     "Tensor? intermediate_state_indices=None, int? cache_steps=None, Tensor? retrieve_parent_token=None) -> Tensor":
         fused_sigmoid_gating_delta_rule_update_cpu,
+    "copy_all_layer_kv_cache_cpu(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()":
+        copy_all_layer_kv_cache_cpu,
+    "assign_req_to_token_pool_cpu(Tensor req_pool_indices, Tensor(a!) req_to_token, Tensor start_offset, "
+    "Tensor end_offset, Tensor out_cache_loc, int pool_len) -> ()": assign_req_to_token_pool_cpu,
+    "assign_draft_cache_locs_contiguous_cpu(Tensor req_pool_indices, Tensor req_to_token, Tensor seq_lens, "
+    "Tensor(a!) out_cache_loc, int pool_len, int topk, int num_steps) -> ()": assign_draft_cache_locs_contiguous_cpu,
+    "assign_extend_cache_locs_cpu(Tensor req_pool_indices, Tensor req_to_token, Tensor start_offset, "
+    "Tensor end_offset, Tensor(a!) out_cache_loc, int pool_len) -> ()": assign_extend_cache_locs_cpu,
+    "fill_bonus_tokens_cpu(Tensor accept_tokens, Tensor accept_lens, Tensor(a!) bonus_tokens, int accept_stride)"
+    " -> ()": fill_bonus_tokens_cpu,
+    "fill_accept_out_cache_loc_cpu(Tensor accept_index, Tensor out_cache_loc, Tensor(a!) accept_out_cache_loc)"
+    " -> ()": fill_accept_out_cache_loc_cpu,
+    "build_tree_kernel_efficient_cpu(Tensor parent_list, Tensor selected_index, Tensor verified_seq_len, "
+    "Tensor(a!) tree_mask, Tensor(b!) positions, Tensor(c!) retrive_index, Tensor(d!) retrive_next_token, "
+    "Tensor(e!) retrive_next_sibling, int topk, int depth, int draft_token_num, int tree_mask_mode) -> ()":
+        build_tree_kernel_efficient_cpu,
+    "verify_tree_greedy_cpu(Tensor(a!) predicts, Tensor(b!) accept_index, Tensor(c!) accept_token_num, "
+    "Tensor candidates, Tensor retrive_index, Tensor retrive_next_token, Tensor retrive_next_sibling, "
+    "Tensor target_predict) -> ()": verify_tree_greedy_cpu,
 }
 
 

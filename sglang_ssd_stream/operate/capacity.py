@@ -21,9 +21,42 @@ DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "auto": 2, "float16": 2, "fp8_e4m3": 1,
                "float32": 4}
 
 
-def mamba_slots_needed(running: int, draft_steps: int) -> int:
-    """NEXTN keeps a target state plus one per draft step for each running request (000 §9: 4 x 4 = 16)."""
-    return running * (1 + draft_steps)
+# sglang 0.5.23 budgets Mamba slots per running request by its radix-cache strategy, not by the draft
+# (KVCacheConfigurator._calculate_mamba_ratio + allocation_sizing.get_mamba_tracking_slots): one slot with
+# the radix cache off; else 3 (own state, the locked cached state, one spare) plus the strategy's tracking
+# slots. Speculative decoding's per-step states are separate buffers. It caps max_running_requests to
+# slots // ratio at start. Write-up 000 §9 (extra_buffer_lazy: 16 slots for 4 requests, 5 admitted 1) is
+# this ratio, 4; the e2e suite measures the radix-off ratio, 1, in the real server.
+MAMBA_BASE_RATIO = 3
+MAMBA_TRACKING_SLOTS = {"extra_buffer_lazy": 1, "extra_buffer": 2, "no_buffer": 0}
+
+
+def mamba_slots_per_request(*, radix_cache: bool = True, strategy: str = "auto", overlap: bool = True,
+                            page_size: int = 1) -> int:
+    """The Mamba slots sglang reserves per running request for this launch (see above)."""
+    if not radix_cache:
+        return 1
+    if strategy == "auto":  # arg_groups/overrides.py: extra_buffer with overlap or paging, else no_buffer
+        strategy = "extra_buffer" if overlap or page_size > 1 else "no_buffer"
+    if strategy not in MAMBA_TRACKING_SLOTS:
+        raise PlanRefused(f"unknown --mamba-radix-cache-strategy {strategy!r}: expected auto or one of "
+                          f"{', '.join(MAMBA_TRACKING_SLOTS)}")
+    tracking = MAMBA_TRACKING_SLOTS[strategy]
+    if strategy == "extra_buffer" and not overlap:
+        tracking = 1
+    return MAMBA_BASE_RATIO + tracking
+
+
+def mamba_slots_per_request_of(value, has) -> int:
+    """:func:`mamba_slots_per_request` for a launch: ``value(flag)`` gives a flag's value or None, ``has(flag)``
+    whether a bare switch is set."""
+    return mamba_slots_per_request(
+        radix_cache=not has("--disable-radix-cache"), strategy=value("--mamba-radix-cache-strategy") or "auto",
+        overlap=not has("--disable-overlap-schedule"), page_size=int(value("--page-size") or 1))
+
+
+def mamba_slots_needed(running: int, per_request: int) -> int:
+    return running * per_request
 
 
 @dataclass(frozen=True)
@@ -176,7 +209,8 @@ def weights_bytes(model_dir: str | os.PathLike) -> int:
 
 
 def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: int, draft_steps: int,
-         mamba_slots: int | None, page_size: int = 1, target_kv_dtype: str = "bfloat16",
+         mamba_slots: int | None, page_size: int = 1, mamba_per_request: int | None = None,
+         target_kv_dtype: str = "bfloat16",
          draft_kv_dtype: str | None = None, qsa_dtype: str = "bfloat16", ssm_dtype: str = "float32",
          device_memory_gib: float | None = None, mem_fraction: float | None = None,
          weights_gib: float | None = None, tensor_parallel: int = 1) -> Plan:
@@ -191,13 +225,16 @@ def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: 
             raise PlanRefused(f"{name} must be at least 1, got {v}")
     if draft_steps < 0:
         raise PlanRefused(f"draft steps must be >= 0, got {draft_steps}")
-    need_slots = mamba_slots_needed(running, draft_steps)
+    # sglang's ratio when the launch's flags are known; else the write-up's rule (1 + draft states), which is
+    # sglang's for NEXTN 3 steps under extra_buffer_lazy
+    per_request = mamba_per_request if mamba_per_request is not None else 1 + draft_steps
+    need_slots = mamba_slots_needed(running, per_request)
     if mamba_slots is None:
         mamba_slots = need_slots
     if g.linear_layers and mamba_slots < need_slots:
         raise PlanRefused(
-            f"{mamba_slots} Mamba slots admit only {mamba_slots // (1 + draft_steps)} of {running} running requests: "
-            f"each needs 1 target + {draft_steps} draft states, so {need_slots} slots are needed")
+            f"{mamba_slots} Mamba slots admit only {mamba_slots // per_request} of {running} running requests: "
+            f"each holds {per_request} slot(s), so {need_slots} slots are needed")
 
     if tensor_parallel < 1:
         raise PlanRefused(f"tensor parallel size must be at least 1, got {tensor_parallel}")
@@ -263,7 +300,7 @@ def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: 
         sglang_log_gb={"context": {"K": log_gb(rows * target // 2), "V": log_gb(rows * target // 2),
                                    "draft_K": log_gb(rows * draft // 2), "draft_V": log_gb(rows * draft // 2)}},
         mamba={"slots": mamba_slots, "needed": need_slots, "bytes_per_slot": slot, "total_gib": mamba_total / GIB,
-               "admits_requests": mamba_slots // (1 + draft_steps)},
+               "per_request": per_request, "admits_requests": mamba_slots // per_request},
         sharing={"full_windows": pool_tokens // context_length,
                  "full_windows_exact": pool_tokens / context_length,
                  "per_running_request": pool_tokens // running,
@@ -316,8 +353,8 @@ def render(plan: Plan) -> str:
         f"QSA {c['qsa_index_k'] * 1024:.0f} MiB, total {c['total']:.2f} GiB",
         f"pool of {plan.pool_tokens:,} tokens: {p['total']:.2f} GiB (target {p['target_kv']:.2f}, draft {p['draft_kv']:.2f}, "
         f"QSA {p['qsa_index_k']:.2f})",
-        f"Mamba: {m['slots']} slots ({m['needed']} needed for {plan.running} requests x (1 + {plan.draft_steps})), "
-        f"{m['total_gib']:.2f} GiB",
+        f"Mamba: {m['slots']} slots ({m['needed']} needed for {plan.running} requests x {m['per_request']} each; "
+        f"admits {m['admits_requests']} at once), {m['total_gib']:.2f} GiB",
         f"sharing: {s['full_windows']} full windows ({s['full_windows_exact']:.2f}); two sessions of up to "
         f"{s['two_session_each']:,} each; {plan.running} requests average {s['per_running_request']:,} each",
     ]

@@ -104,7 +104,17 @@ def _profile_defaults(profile) -> dict:
         "page_size": int(get("--page-size", default=1)),
         "mem_fraction": float(get("--mem-fraction-static", "--gpu-memory-utilization")),
         "tensor_parallel": int(get("--tensor-parallel-size", default=1)),
+        "mamba_per_request": _mamba_per_request(profile, get),
     }
+
+
+def _mamba_per_request(profile, get) -> int | None:
+    """sglang's Mamba slots per running request for an SGLang profile; None (the draft rule) for vLLM."""
+    if profile.engine != "sglang":
+        return None
+    from .capacity import mamba_slots_per_request_of
+
+    return mamba_slots_per_request_of(lambda f: get(f), profile.has)
 
 
 def cmd_plan(args) -> int:

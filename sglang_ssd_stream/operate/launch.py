@@ -77,21 +77,26 @@ def effective_value(profile_args: list[tuple[str, str | None]], extra: list[str]
 
 
 def check_mamba_slots(profile_args, extra) -> None:
-    """NEXTN keeps 1 target + num-steps draft states per request (000 §9: 4 requests -> 16 slots)."""
-    from .capacity import mamba_slots_needed
+    """sglang caps running requests to Mamba slots // its per-request ratio (capacity.mamba_slots_per_request):
+    refused before launch instead of silently running fewer (000 §9: 4 requests -> 16 slots)."""
+    from .capacity import mamba_slots_needed, mamba_slots_per_request_of
 
     def num(flag):
         v = effective_value(profile_args, extra, flag)
         return None if v is None else int(v)
 
-    running, steps, slots = num("--max-running-requests"), num("--speculative-num-steps"), num("--max-mamba-cache-size")
+    def has(flag):
+        return any(a == flag for a in extra) or any(f == flag for f, _ in profile_args)
+
+    running, slots = num("--max-running-requests"), num("--max-mamba-cache-size")
     if running is None or slots is None:
         return
-    need = mamba_slots_needed(running, steps or 0)
+    per = mamba_slots_per_request_of(lambda f: effective_value(profile_args, extra, f), has)
+    need = mamba_slots_needed(running, per)
     if slots < need:
         raise ServeRefused(
-            f"--max-mamba-cache-size {slots} admits only {slots // (1 + (steps or 0))} of --max-running-requests "
-            f"{running}: each request needs 1 + {steps or 0} Mamba state slots, so {need} are needed")
+            f"--max-mamba-cache-size {slots} admits only {slots // per} of --max-running-requests {running}: "
+            f"sglang holds {per} Mamba state slot(s) per request with this radix-cache setup, so {need} are needed")
 
 
 # Engine plugin lists a profile names its plugin in: an export may add plugins, never drop ours.

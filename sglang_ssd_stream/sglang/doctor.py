@@ -470,7 +470,7 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
     The weights are the model's and, when the launch drafts (``--speculative-algorithm``), the NEXTN draft
     model's (``--speculative-draft-model-path``): write-up 000 loads 8.08 GB of MTP beside 77.97 GB."""
     from ..errors import KitError
-    from ..operate.capacity import GIB as PLAN_GIB, load_geometry, plan, weights_bytes
+    from ..operate.capacity import GIB as PLAN_GIB, load_geometry, mamba_slots_per_request_of, plan, weights_bytes
 
     def num(flag, default=None):
         v = _flag(argv, flag)
@@ -484,6 +484,7 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
         p = plan(load_geometry(Path(model) / "config.json"), context_length=context, pool_tokens=pool,
                  running=num("--max-running-requests", 1), draft_steps=steps,
                  mamba_slots=num("--max-mamba-cache-size"), page_size=num("--page-size", 1),
+                 mamba_per_request=mamba_slots_per_request_of(lambda f: _flag(argv, f), lambda f: f in argv),
                  target_kv_dtype=_flag(argv, "--kv-cache-dtype") or "bfloat16",
                  draft_kv_dtype=_flag(argv, "--speculative-draft-kv-cache-dtype"),
                  ssm_dtype=_flag(argv, "--mamba-ssm-dtype") or "float32")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sglang_ssd_stream.operate.capacity import (GIB, load_geometry, mamba_bytes_per_slot, mamba_slots_needed, plan,
-                                                sessions_of, weights_bytes)
+from sglang_ssd_stream.operate.capacity import (GIB, load_geometry, mamba_bytes_per_slot, mamba_slots_needed,
+                                                mamba_slots_per_request, plan, sessions_of, weights_bytes)
 from sglang_ssd_stream.operate.errors import ModelConfigError, PlanRefused
 
 from .conftest import SIDES, write_model
@@ -61,8 +61,17 @@ def test_thor_pool_holds_two_250k_sessions_or_four_shorter(writeup_config):
 
 
 def test_mamba_slots_four_requests_need_sixteen(writeup_config):
-    assert mamba_slots_needed(4, 3) == 16
-    assert mamba_slots_needed(1, 3) == 4
+    assert mamba_slots_needed(4, 4) == 16
+    # sglang 0.5.23's ratio per radix-cache setup (KVCacheConfigurator._calculate_mamba_ratio)
+    assert mamba_slots_per_request(strategy="extra_buffer_lazy") == 4  # the Thor profile: 000 §9's 16 for 4
+    assert mamba_slots_per_request(strategy="extra_buffer") == 5
+    assert mamba_slots_per_request(strategy="extra_buffer", overlap=False) == 4
+    assert mamba_slots_per_request(strategy="no_buffer") == 3
+    assert mamba_slots_per_request(radix_cache=False, strategy="extra_buffer_lazy") == 1  # measured: e2e
+    assert mamba_slots_per_request(strategy="auto", overlap=False, page_size=1) == 3
+    assert mamba_slots_per_request(strategy="auto", page_size=64) == 5
+    with pytest.raises(PlanRefused, match="unknown --mamba-radix-cache-strategy 'bogus'"):
+        mamba_slots_per_request(strategy="bogus")
     p = _thor(load_geometry(writeup_config))
     assert p.mamba["needed"] == 16 and p.mamba["admits_requests"] == 4
 
@@ -218,7 +227,7 @@ def test_plan_command_uses_profile_values(tmp_path, capsys):
                          "--device-memory-gib", "16"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
-    assert "Mamba: 16 slots (16 needed for 4 requests x (1 + 3))" in out and "memory: 15.20 GiB static" in out
+    assert "Mamba: 16 slots (16 needed for 4 requests x 4 each; admits 4 at once)" in out and "memory: 15.20 GiB static" in out
 
 
 def test_plan_vllm_profile(tmp_path, capsys):
@@ -285,7 +294,7 @@ def test_plan_counts_the_mtp_draft_weights_when_the_profile_drafts(tmp_path, cap
     args.func(args)
     assert json.loads(capsys.readouterr().out)["memory"]["weights_gib"] * GIB == (3 << 20) + (1 << 20)
     # no drafting: the draft is not loaded, so it does not count
-    first, without, _ = headroom("--speculative-num-steps", "0", "--max-mamba-cache-size", "4")
+    first, without, _ = headroom("--speculative-num-steps", "0")  # the Mamba slots stay 16: drafting is not in them
     assert first == "weights: model 0.00 GiB (no speculative decoding)"
     # an explicit --draft elsewhere counts that directory
     other = tmp_path / "draft"

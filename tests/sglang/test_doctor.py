@@ -184,7 +184,7 @@ def test_memory_need_counts_the_draft_model_when_the_launch_drafts(tmp_path):
     draft.mkdir()
     (draft / "model.safetensors").write_bytes(b"\0" * (3 << 20))
     pool = ["--context-length", "1024", "--max-total-tokens", "4096"]
-    spec = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--max-mamba-cache-size", "4",
+    spec = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--max-mamba-cache-size", "5",
             "--speculative-draft-model-path", str(draft)]
     need, error = doctor.memory_need(str(tmp_path), pool + spec)
     kv = 4096 * (kv_bytes_per_token(4, 2, 256, "bfloat16") + kv_bytes_per_token(1, 2, 256, "bfloat16"))

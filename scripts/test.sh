@@ -3,7 +3,7 @@
 #   scripts/test.sh [sglang] [vllm] [e2e] [-- extra pytest args]   (no suite named: all three)
 # Builds or reuses the cached engine venvs (scripts/engine-venv.sh), then runs, per venv,
 # the core tests and that engine's real-engine tests; e2e starts the real sglang server of the
-# sglang venv on this CPU (tests/e2e, marker e2e; ~10 server starts, bounded for 2-core CI).
+# sglang venv on this CPU (tests/e2e, marker e2e; 16 server starts, ~13 min on a 2-core box).
 # Exit status: non-zero if any test failed.
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -5,7 +5,8 @@ start: the engine put in a patch state, the server started, the requests a proof
 process titles kept, the server stopped (always, and before the next one starts). Scenarios are
 session fixtures, so each server starts once however many tests read its results; tests only assert.
 
-Budget (CI: 2 cores): twelve server starts, at most 16 generated tokens per request.
+Budget (CI: 2 cores): sixteen server starts (four of them MTP); 16 generated tokens per request except the
+MTP probes that need a long decode (clients that go away, concurrency: up to 200).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from ..engine import EngineVenv, engine_venv
 from . import probes
+from .models import VOCAB
 from .probes import token_ids
 from .server import HYBRID_CAPS, SglangServer, ServerFailed, build_stub_driver, stop_all
 
@@ -153,12 +155,32 @@ def stage(engine, e2e_root, request):
         lines = [f"  {name}: {w:.0f} s wall, {c:.0f} s server CPU" for name, (w, c) in st.timings.items()]
         request.config._e2e_timings = "\n".join(
             [f"e2e server scenarios: {len(st.timings)} starts, {wall:.0f} s wall, {cpu:.0f} s server CPU", *lines])
+    surveys = {sc.name: sc.results["malformed"] for sc in st.scenarios if "malformed" in sc.results}
+    if surveys:
+        request.config._e2e_survey = survey_table(surveys)
+
+
+def survey_table(surveys: dict) -> str:
+    """The malformed-request survey of each scenario side by side (docs/malformed-requests.md is written from it)."""
+    def cell(case):
+        if case is None:
+            return "not sent"
+        status = case["status"] if case["status"] is not None else "no answer"
+        return f"{status}{' leaks-paths' if case['leaks'] else ''}{'' if case['alive_after'] else ' SERVER-DOWN'}"
+
+    names = list(dict.fromkeys(n for s in surveys.values() for n in s["cases"]))
+    lines = [f"malformed-request survey ({' | '.join(surveys)}):"]
+    lines += [f"  {n}: {' | '.join(cell(s['cases'].get(n)) for s in surveys.values())}" for n in names]
+    lines += [f"  half-sent request, {name}: {'dropped' if s['half_request']['dropped'] else 'held'} after "
+              f"{s['half_request']['after']:.0f} s" for name, s in surveys.items()]
+    return "\n".join(lines)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    text = getattr(config, "_e2e_timings", None)
-    if text:
-        terminalreporter.write_line(text)
+    for attr in ("_e2e_timings", "_e2e_survey"):
+        text = getattr(config, attr, None)
+        if text:
+            terminalreporter.write_line(text)
 
 
 # ----------------------------------------------------------------------------- models and sidecars
@@ -306,10 +328,31 @@ def qwen3_patched(stage, qwen3_model, e2e_root) -> Scenario:
     return stage.serve("qwen3-patched", "patched", qwen3_model, exercise, args=["--allow-auto-truncate"])
 
 
+# Sent last to the pristine Qwen3 server: it ends the server (patch 0006 RED over HTTP).
+PRISTINE_KILLER = "logprobs-over-limit"
+# Not sent to a pristine server: n=100000 stalls it for the 300 s watchdog before it dies (CI time), and the
+# token ids past the vocabulary end it (proven by qwen4_mtp_pristine), and so does a negative one (measured here).
+PRISTINE_SKIP = ("n-oversized", "ids-negative", "ids-past-vocab", "generate-ids-past-vocab", "batch-one-id-past-vocab")
+
+
 @pytest.fixture(scope="session")
 def qwen3_pristine(stage, qwen3_model) -> Scenario:
-    return stage.serve("qwen3-pristine", "pristine", qwen3_model, lambda s: {"truncation": send_truncation_probes(s)},
-                       args=["--allow-auto-truncate"], env=ALLOW_UNPATCHED)
+    """Pristine: the truncation probes, then the malformed-request survey, then the request that ends it."""
+
+    def exercise(server):
+        out = {"truncation": send_truncation_probes(server),
+               "malformed": probes.malformed(server, VOCAB, skip=(*PRISTINE_SKIP, PRISTINE_KILLER))}
+        kill = probes.malformed_cases(server, VOCAB)[PRISTINE_KILLER]
+        try:
+            r = kill()
+            out["killer"] = {"status": r.status_code}
+        except Exception as exc:  # the connection dies with the server
+            out["killer"] = {"status": None, "error": f"{type(exc).__name__}: {exc}"}
+        out["killer"]["death"] = probes.wait_dead(server)
+        return out
+
+    return stage.serve("qwen3-pristine", "pristine", qwen3_model, exercise, args=["--allow-auto-truncate"],
+                       env=ALLOW_UNPATCHED)
 
 
 QSA_BUDGET_MB = 32
@@ -426,6 +469,8 @@ def qwen4_mtp_ram(stage, qwen4_model) -> Scenario:
                "four": probes.four_at_once(server), "disconnects": probes.disconnects(server)}
         out["past_vocab"] = probes.completion(server, VOCAB_PAST, 2, timeout=60)
         out["alive_after_past_vocab"] = probes.alive(server)
+        out["concurrency"] = probes.concurrency(server, 4)
+        out["malformed"] = probes.malformed(server, VOCAB)
         return out
 
     return stage.serve("qwen4-mtp-ram", "patched", qwen4_model, exercise, standin=True,
@@ -439,3 +484,17 @@ def qwen4_mtp_sidecar(stage, qwen4_model, sidecar) -> Scenario:
     return stage.serve("qwen4-mtp-sidecar", "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
                        standin=True, args=mtp_server_args(qwen4_model, "--ple-offload-embedding"),
                        env={"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": "mmap"})
+
+
+FEW_MAMBA_SLOTS = 2  # fewer than the profile's 4 running requests need with the radix cache off (1 each)
+
+
+@pytest.fixture(scope="session")
+def qwen4_mtp_few_mamba(stage, qwen4_model) -> Scenario:
+    """Issue 30 item 4: the MTP launch with a Mamba cache too small for its running requests; how many of four
+    requests sent together really run at once."""
+    args = mtp_server_args(qwen4_model, "--ple-offload-embedding", mamba_slots=FEW_MAMBA_SLOTS)
+    sc = stage.serve("qwen4-mtp-few-mamba", "patched", qwen4_model,
+                     lambda s: {"concurrency": probes.concurrency(s, 4)}, standin=True, args=args)
+    sc.results["args"] = args
+    return sc

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_ssd_stream.operate.capacity import mamba_slots_needed
+from sglang_ssd_stream.operate.capacity import mamba_slots_needed, mamba_slots_per_request_of
 from sglang_ssd_stream.operate.profiles import get_profile
 
 from .server import CAPS
@@ -87,5 +87,7 @@ def draft_steps() -> int:
 
 
 def planned_mamba_slots() -> int:
-    """What the planner says NEXTN needs for the profile's running requests (capacity.mamba_slots_needed)."""
-    return mamba_slots_needed(running(), draft_steps())
+    """What the planner says the profile's running requests need (its own radix-cache setup)."""
+    profile = get_profile(PROFILE, "sglang")
+    per = mamba_slots_per_request_of(lambda f: profile.value(f) if profile.has(f) else None, profile.has)
+    return mamba_slots_needed(running(), per)

@@ -182,3 +182,46 @@ def test_ours_refuses_a_token_id_past_the_vocabulary_and_serves_on(qwen4_mtp_ram
     assert r["status"] == 400, r
     assert "outside the vocabulary" in r["body"]["message"] and "[0, 1000)" in r["body"]["message"], r
     assert qwen4_mtp_ram.results["alive_after_past_vocab"]
+
+
+# ----------------------------------------------------------------------------- item 4: Mamba slots
+
+
+def _predicted(args: list[str]) -> tuple[int, int]:
+    """What the kit predicts before launch for these server flags: (slots per request, requests at once)."""
+    from sglang_ssd_stream.operate.capacity import mamba_slots_per_request_of
+
+    def value(flag):
+        return args[args.index(flag) + 1] if flag in args else None
+
+    per = mamba_slots_per_request_of(value, lambda f: f in args)
+    return per, min(int(value("--max-running-requests")), int(value("--max-mamba-cache-size")) // per)
+
+
+def test_few_mamba_slots_admit_what_the_kit_predicts(qwen4_mtp_few_mamba):
+    from sglang_ssd_stream.operate.errors import ServeRefused
+    from sglang_ssd_stream.operate.launch import check_mamba_slots
+
+    from .conftest import FEW_MAMBA_SLOTS
+
+    sc = qwen4_mtp_few_mamba
+    per, predicted = _predicted(sc.results["args"])
+    assert (per, predicted) == (1, FEW_MAMBA_SLOTS)  # radix cache off: one slot per request
+    conc = sc.results["concurrency"]
+    assert all(r["status"] == 200 for r in conc["requests"].values()), conc  # all four finish, two at a time
+    assert conc["peak_running"] == predicted, conc
+    assert f"max_running_requests is capped to {predicted} by the mamba state cache" in sc.log, sc.log[-3000:]
+    # serve refuses this launch before it starts, naming the same number
+    with pytest.raises(ServeRefused, match=rf"admits only {predicted} of --max-running-requests 4"):
+        check_mamba_slots([], sc.results["args"])
+
+
+def test_the_planners_mamba_size_runs_four_at_once(qwen4_mtp_ram):
+    """The profile's 16 slots are the planner's for its radix setup (4 per request); the CPU server runs with
+    the radix cache off (1 per request), so the profile's four requests all run together."""
+    from .speculative import planned_mamba_slots, running
+
+    conc = qwen4_mtp_ram.results["concurrency"]
+    assert int(_server_arg(qwen4_mtp_ram, "max_mamba_cache_size")) == planned_mamba_slots()
+    assert conc["peak_running"] == running() == 4, conc
+    assert all(r["status"] == 200 for r in conc["requests"].values()), conc

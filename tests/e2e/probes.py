@@ -75,9 +75,10 @@ def truncation(server: SglangServer) -> dict:
     return out
 
 
-def four_at_once(server: SglangServer) -> dict:
-    """The profile's concurrency: one over-long request and three ordinary ones sent together; each one's
-    outcome, start and end (seconds from the common start), and the most the scheduler ran at once."""
+def _together(server: SglangServer, cases: dict) -> dict:
+    """Sends ``cases`` (label -> (prompt, max_tokens)) at once, ignoring EOS: each one's outcome with its start
+    and end (seconds from the common start), the most requests the scheduler reported running at once (sampled
+    from /v1/loads), and the counters once all are done."""
     results: dict = {}
     peak = {"running": 0}
     stop = threading.Event()
@@ -90,7 +91,6 @@ def four_at_once(server: SglangServer) -> dict:
                 pass
             time.sleep(0.1)
 
-    cases = {"over": (token_ids(275), 8), **{f"ordinary-{i}": (token_ids(30 + 20 * i, i + 1), 16) for i in range(3)}}
     t0 = time.monotonic()
 
     def send(label, prompt, max_tokens):
@@ -110,35 +110,16 @@ def four_at_once(server: SglangServer) -> dict:
     return {"requests": results, "peak_running": peak["running"], "after": settle(server)}
 
 
+def four_at_once(server: SglangServer) -> dict:
+    """The profile's concurrency: one over-long request and three ordinary ones sent together."""
+    return _together(server, {"over": (token_ids(275), 8),
+                              **{f"ordinary-{i}": (token_ids(30 + 20 * i, i + 1), 16) for i in range(3)}})
+
+
 def concurrency(server: SglangServer, n: int, max_tokens: int = 48) -> dict:
-    """``n`` ordinary requests sent together; the most the scheduler ran at once (sampled from /v1/loads) and
-    the most that overlapped by the clients' own start/end times."""
-    results: dict = {}
-    peak = {"running": 0}
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            try:
-                peak["running"] = max(peak["running"], loads(server)["num_running_reqs"])
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    threads = []
-    for i in range(n):
-        def send(i=i):
-            results[i] = completion(server, token_ids(20, i + 7), max_tokens, ignore_eos=True)
-        threads.append(threading.Thread(target=send))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(BOUND + 10)
-    stop.set()
-    watcher.join(5)
-    return {"requests": results, "peak_running": peak["running"], "after": settle(server)}
+    """``n`` ordinary requests sent together, long enough that the scheduler's once-a-second snapshot sees
+    every one it runs at once."""
+    return _together(server, {i: (token_ids(20, i + 7), max_tokens) for i in range(n)})
 
 
 def disconnects(server: SglangServer) -> dict:

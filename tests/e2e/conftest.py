@@ -27,6 +27,9 @@ from .probes import token_ids
 from .server import HYBRID_CAPS, SglangServer, ServerFailed, build_stub_driver, stop_all
 
 ALLOW_UNPATCHED = {"SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
+# patch 0007's settings, lowered so the survey's oversized body and half-sent request cost little time
+BODY_LIMITS = {"SGLANG_MAX_REQUEST_BODY_MB": str(probes.BODY_LIMIT_MB),
+               "SGLANG_REQUEST_BODY_TIMEOUT": str(probes.BODY_TIMEOUT_S)}
 MAX_TOKENS = 16  # per request, everywhere in this suite
 # Truncation probes (token ids, so lengths are exact): over the 256-token context by the write-up's 1.075,
 # and between the scheduler's input limit (context - 6) and the context.
@@ -352,7 +355,7 @@ def qwen3_pristine(stage, qwen3_model) -> Scenario:
         return out
 
     return stage.serve("qwen3-pristine", "pristine", qwen3_model, exercise, args=["--allow-auto-truncate"],
-                       env=ALLOW_UNPATCHED)
+                       env={**ALLOW_UNPATCHED, **BODY_LIMITS})  # pristine has no such settings: they do nothing
 
 
 QSA_BUDGET_MB = 32
@@ -474,7 +477,7 @@ def qwen4_mtp_ram(stage, qwen4_model) -> Scenario:
         return out
 
     return stage.serve("qwen4-mtp-ram", "patched", qwen4_model, exercise, standin=True,
-                       args=mtp_server_args(qwen4_model, "--ple-offload-embedding"))
+                       args=mtp_server_args(qwen4_model, "--ple-offload-embedding"), env=BODY_LIMITS)
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,8 @@ body. Pristine leaks its source paths in validation errors, and ``logprobs`` pas
 
 from __future__ import annotations
 
-import pytest
-
 from .conftest import PRISTINE_KILLER, PRISTINE_SKIP
+from .probes import BODY_TIMEOUT_S
 
 # What ours must refuse with 400, and a phrase of the message (patches 0005, 0006, and sglang's own checks)
 REFUSED = {
@@ -27,6 +26,8 @@ REFUSED = {
     "max_tokens-negative": "max_tokens",
     "max_tokens-string": "max_tokens",
 }
+# Patch 0007: answered before the body is parsed
+BODY = {"body-over-limit": (413, "SGLANG_MAX_REQUEST_BODY_MB")}
 
 
 def _cases(sc):
@@ -66,9 +67,15 @@ def test_pristine_server_dies_of_logprobs_past_the_vocabulary(qwen3_pristine):
     assert "selected index k out of range" in qwen3_pristine.log
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: a client that sends half a request and goes silent holds its "
-                                       "connection as long as it waits (uvicorn has no request-read timeout)")
-def test_a_half_sent_request_is_dropped(qwen4_mtp_ram):
-    half = qwen4_mtp_ram.results["malformed"]["half_request"]
-    assert half["dropped"], half
+def test_ours_bounds_request_bodies(qwen4_mtp_ram, qwen3_pristine):
+    """Patch 0007: a body over the limit is refused before it is parsed, and a client that sends half a request
+    and goes silent is answered 408 and let go within the body timeout; pristine parses the body and holds the
+    half-sent request for as long as the client waits."""
+    ours, pristine = qwen4_mtp_ram.results["malformed"], qwen3_pristine.results["malformed"]
+    for name, (status, phrase) in BODY.items():
+        assert ours["cases"][name]["status"] == status and phrase in ours["cases"][name]["body"], ours["cases"][name]
+        assert pristine["cases"][name]["status"] != status, pristine["cases"][name]
+    half = ours["half_request"]
+    assert half["dropped"] and half["after"] < BODY_TIMEOUT_S + 5 and " 408 " in half["answer"], half
+    assert not pristine["half_request"]["dropped"], pristine["half_request"]
 

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 from array import array
 from types import SimpleNamespace
+from unittest.mock import patch
 
 import pytest
 
@@ -413,3 +414,35 @@ def test_end_to_end_boundary_sweep():
                         if requested not in (ABSENT, None):
                             assert out == requested, where
                             assert kept + reserved + out <= context_len, where
+
+
+# --------------------------------------------------------------------------
+# Upstream's test doubles (issue 29 item 10): what other code paths may lack.
+# --------------------------------------------------------------------------
+
+
+def test_worker_limits_with_a_schedule_without_page_size():
+    """sglang's own test_dcp_logical_capacity.py patches get_schedule with a
+    double that has no page_size: the worker keeps 0.5.23's limits
+    (max_req_len - 5), as that test asserts."""
+    double = SimpleNamespace(max_prefill_tokens=16384, max_queued_requests=None)
+    with _server_args(64, "off"), patch("sglang.srt.managers.tp_worker.get_schedule", return_value=double):
+        max_req_len, max_req_input_len = worker_limits(1 << 20, 64 * 3)
+    assert (max_req_len, max_req_input_len) == (64 * 3 - 1, 64 * 3 - 6)
+
+
+def test_tokenizer_without_max_req_input_len_truncates_inside_the_context():
+    """A TokenizerManager double without max_req_input_len: an over-long
+    prompt is still cut inside the context, without AttributeError."""
+    tm = object.__new__(TokenizerManager)
+    tm.context_len = 256
+    tm.num_reserved_tokens = 0
+    tm.allow_auto_truncate = True
+    tm.validate_total_tokens = True
+    tm.is_generation = True
+    tm.model_config = SimpleNamespace(joint_head_config=None, pointer_head=None, vocab_size=1 << 20)
+    ids = list(range(10, 310))
+    obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 8})
+    with _server_args(64, "off"):
+        tm._validate_one_request(obj, ids)
+    assert len(ids) + obj.sampling_params["max_new_tokens"] <= tm.context_len

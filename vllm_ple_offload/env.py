@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from sglang_ssd_stream.env_numbers import ascii_int
+
 from .errors import PleSettingsError
 
 PREFIX = "VLLM_PLE_"
@@ -123,9 +125,10 @@ class PleSettings:
 
 def _digits(name: str, raw: str, expected: str) -> int:
     """The one rule for numbers and switches: ASCII digits only (``int()`` would take ``+8``, ``1_6``, `` 8 ``, ``٨``)."""
-    if not (raw.isascii() and raw.isdigit()):
-        raise PleSettingsError(f"{name}={raw!r} is not {expected} (ASCII digits only)")
-    return int(raw, 10)
+    try:
+        return ascii_int(raw)
+    except ValueError:
+        raise PleSettingsError(f"{name}={raw!r} is not {expected} (ASCII digits only)") from None
 
 
 def _int(environ: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:

@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..env_numbers import ascii_int
 from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales
 from ..sidecar.prefetch import DEFAULT_WINDOW as DEFAULT_PREFETCH_CHUNKS
 from ..sidecar.prefetch import SGLANG_WINDOW_ENV as PREFETCH_ENV
@@ -40,6 +41,8 @@ RETIRED_ENV = {
 MAX_TOKENS_ENV = "SGLANG_SSD_STREAM_PLE_MAX_TOKENS"  # staging size in tokens (default: chunked_prefill_size)
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_WORKERS = 16
+MAX_WORKERS = 256  # reads in flight per table; 100000 spawned thousands of threads on one cold lookup
+MAX_MAX_TOKENS = 1 << 20  # tokens per lookup; far beyond any prefill chunk
 # The PLE row cache (sidecar/row_cache.py), ROW_CACHE_ENV: MiB of host memory for ALL PLE layers of this
 # process together (rows + metadata + read buffers), split evenly over the layers it binds; 0 turns the cache
 # and the prompt-ahead prefetch off (the mapped/pread readers serve, as before). Unset: DEFAULT_ROW_CACHE_MB.
@@ -104,23 +107,28 @@ def active() -> Sidecar | None:
     return None if path is None else load(path)
 
 
-def env_int(name: str, default: int, lo: int = 1) -> int:
+def env_int(name: str, default: int, lo: int, hi: int) -> int:
     raw = os.environ.get(name)
     if raw is None:
         return default
     try:
-        value = int(raw)
+        value = ascii_int(raw, signed=True)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if value < lo:
-        raise ValueError(f"{name}={value} must be at least {lo}")
+        raise ValueError(f"{name}={raw!r} is not an integer {lo}..{hi} (ASCII digits only)") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is out of range {lo}..{hi}")
     return value
+
+
+def read_workers() -> int:
+    """Reader threads per table (reads in flight on a cold table)."""
+    return env_int(WORKERS_ENV, DEFAULT_WORKERS, 1, MAX_WORKERS)
 
 
 def max_tokens() -> int:
     """Tokens per PLE lookup the staging is sized for."""
     if os.environ.get(MAX_TOKENS_ENV):
-        return env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
+        return env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS, 1, MAX_MAX_TOKENS)
     from sglang.srt.runtime_context import get_context
 
     try:
@@ -188,9 +196,9 @@ def validate_env() -> None:
             raise ValueError(f"{name} is no longer used ({why}); unset it")
     io_mode()
     gather_mode()
-    env_int(WORKERS_ENV, DEFAULT_WORKERS)
+    read_workers()
     if os.environ.get(MAX_TOKENS_ENV):
-        env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
+        env_int(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS, 1, MAX_MAX_TOKENS)
     row_cache_mb()
     prefetch_chunks()
 

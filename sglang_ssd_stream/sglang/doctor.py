@@ -184,12 +184,17 @@ def _compiler(names: Iterable[str]) -> str | None:
 
 
 def _read_workers(env: Mapping[str, str]) -> int | None:
-    from .config import DEFAULT_WORKERS, WORKERS_ENV
+    from ..env_numbers import ascii_int
+    from .config import DEFAULT_WORKERS, MAX_WORKERS, WORKERS_ENV
 
+    raw = env.get(WORKERS_ENV)
+    if raw is None:
+        return DEFAULT_WORKERS
     try:
-        return int(env.get(WORKERS_ENV, DEFAULT_WORKERS))
+        value = ascii_int(raw)
     except ValueError:
         return None  # the plugin refuses a malformed value at start, naming it
+    return value if 1 <= value <= MAX_WORKERS else None
 
 
 def disk_space(model: str | None, data_dir: str | os.PathLike | None, home: str | None,

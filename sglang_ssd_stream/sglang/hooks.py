@@ -305,7 +305,7 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
     from ..staging.host_memory import fmt_bytes
 
     rows = rows_for_tokens(config.max_tokens())
-    workers = config.env_int(config.WORKERS_ENV, config.DEFAULT_WORKERS)
+    workers = config.read_workers()
     mode, io = config.gather_mode(), config.io_mode()
     budget_mb = config.row_cache_mb()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

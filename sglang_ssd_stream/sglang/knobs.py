@@ -15,6 +15,7 @@ process; 0: off; profiles: thor 1024, discrete-gpu 4096) and ``_PREFETCH_CHUNKS`
 from __future__ import annotations
 
 import os
+from ..env_numbers import ascii_int
 
 QSA_BUDGET_ENV = "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB"
 QSA_BUDGET_TARGET = "sglang.srt.layers.attention.qsa.qsa_indexer._QSA_PREFILL_LOGITS_BUDGET_BYTES"
@@ -23,7 +24,7 @@ QSA_BUDGET_MAX_MB = 1 << 16  # 64 GiB: anything larger is a typo, not a budget
 
 def parse_budget_mb(raw: str) -> int:
     try:
-        mb = int(raw.strip(), 10)
+        mb = ascii_int(raw, signed=True)
     except ValueError:
         raise ValueError(f"{QSA_BUDGET_ENV}={raw!r} is not an integer number of MiB (e.g. 32)") from None
     if not 1 <= mb <= QSA_BUDGET_MAX_MB:

@@ -35,6 +35,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from .ngram import NGramHash
+from ..env_numbers import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def parse_window(name: str, raw: str | None, default: int = DEFAULT_WINDOW) -> i
     if raw is None:
         return default
     try:
-        w = int(raw.strip(), 10)
+        w = ascii_int(raw, signed=True)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer number of prefill chunks ahead (e.g. 2; 0: the "
                          f"scheduled chunk only)") from None

@@ -45,6 +45,7 @@ from .errors import (
 )
 from .native import NativeBuildError, build_library
 from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out, open_table
+from ..env_numbers import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def parse_budget_mb(name: str, raw: str | None, default_mb: int = DEFAULT_BUDGET
     if raw is None:
         return int(default_mb)
     try:
-        mb = int(raw.strip(), 10)
+        mb = ascii_int(raw, signed=True)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer number of MiB (e.g. 1024; 0 turns the row cache off)") from None
     if not 0 <= mb <= MAX_BUDGET_MB:

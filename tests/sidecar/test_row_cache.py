@@ -477,7 +477,9 @@ def test_for_budget_sizes_and_allocates_through_the_caller(table):
 def test_budget_knob_refuses_bad_values(raw, msg):
     with pytest.raises(ValueError, match=msg):
         parse_budget_mb("SGLANG_SSD_STREAM_ROW_CACHE_MB", raw, 1024)
-    assert parse_budget_mb("X", None, 512) == 512 and parse_budget_mb("X", " 0 ", 512) == 0
+    assert parse_budget_mb("X", None, 512) == 512 and parse_budget_mb("X", "0", 512) == 0
+    with pytest.raises(ValueError, match="not an integer"):  # one rule for every knob: ASCII digits only
+        parse_budget_mb("X", " 0 ", 512)
     assert parse_budget_mb("X", None) == 1024  # unset, no profile: DEFAULT_BUDGET_MB
 
 

@@ -192,7 +192,9 @@ def test_a_failing_prefetch_is_recorded_and_later_chunks_still_go():
 
 
 def test_window_knob():
-    assert parse_window("X", None) == 1 and parse_window("X", " 0 ") == 0
+    assert parse_window("X", None) == 1 and parse_window("X", "0") == 0
+    with pytest.raises(ValueError, match="not an integer"):  # one rule for every knob: ASCII digits only
+        parse_window("X", " 0 ")
     for raw, msg in (("two", "not an integer"), ("-1", "out of range"), ("65", "out of range")):
         with pytest.raises(ValueError, match=msg):
             parse_window("SGLANG_SSD_STREAM_PREFETCH_CHUNKS", raw)

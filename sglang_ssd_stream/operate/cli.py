@@ -114,7 +114,7 @@ def _mamba_per_request(profile, get) -> int | None:
         return None
     from .capacity import mamba_slots_per_request_of
 
-    return mamba_slots_per_request_of(lambda f: get(f), profile.has)
+    return mamba_slots_per_request_of(get, profile.has)
 
 
 def cmd_plan(args) -> int:

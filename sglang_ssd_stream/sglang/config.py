@@ -109,8 +109,11 @@ def active() -> Sidecar | None:
 
 def env_int(name: str, default: int, lo: int, hi: int) -> int:
     raw = os.environ.get(name)
-    if raw is None:
-        return default
+    return default if raw is None else parse_int(name, raw, lo, hi)
+
+
+def parse_int(name: str, raw: str, lo: int, hi: int) -> int:
+    """Knob ``name``'s value ``raw`` (env_numbers' rule), within ``lo..hi``; ValueError naming the knob."""
     try:
         value = ascii_int(raw, signed=True)
     except ValueError:

@@ -184,17 +184,13 @@ def _compiler(names: Iterable[str]) -> str | None:
 
 
 def _read_workers(env: Mapping[str, str]) -> int | None:
-    from ..env_numbers import ascii_int
-    from .config import DEFAULT_WORKERS, MAX_WORKERS, WORKERS_ENV
+    from .config import DEFAULT_WORKERS, MAX_WORKERS, WORKERS_ENV, parse_int
 
     raw = env.get(WORKERS_ENV)
-    if raw is None:
-        return DEFAULT_WORKERS
     try:
-        value = ascii_int(raw)
+        return DEFAULT_WORKERS if raw is None else parse_int(WORKERS_ENV, raw, 1, MAX_WORKERS)
     except ValueError:
-        return None  # the plugin refuses a malformed value at start, naming it
-    return value if 1 <= value <= MAX_WORKERS else None
+        return None  # the plugin refuses a bad value at start, naming it
 
 
 def disk_space(model: str | None, data_dir: str | os.PathLike | None, home: str | None,

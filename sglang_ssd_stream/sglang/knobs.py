@@ -15,6 +15,7 @@ process; 0: off; profiles: thor 1024, discrete-gpu 4096) and ``_PREFETCH_CHUNKS`
 from __future__ import annotations
 
 import os
+
 from ..env_numbers import ascii_int
 
 QSA_BUDGET_ENV = "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB"

@@ -34,8 +34,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from .ngram import NGramHash
 from ..env_numbers import ascii_int
+from .ngram import NGramHash
 
 log = logging.getLogger(__name__)
 

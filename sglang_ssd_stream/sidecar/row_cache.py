@@ -43,9 +43,9 @@ from .errors import (
     SidecarShapeMismatch,
     SidecarTruncated,
 )
+from ..env_numbers import ascii_int
 from .native import NativeBuildError, build_library
 from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out, open_table
-from ..env_numbers import ascii_int
 
 log = logging.getLogger(__name__)
 

@@ -68,6 +68,9 @@ def mtp_args(draft: Path, *, mamba_slots: int | None = None) -> list[str]:
                                  "CPU server keeps, scales or drops it")
         if flag == "--speculative-draft-model-path":
             value = str(draft)
+        if flag == "--speculative-eagle-topk" and value != "1":
+            # the CPU stand-in verifies a chain only (its tree verify raises NotImplementedError)
+            raise AssertionError(f"profile {PROFILE} drafts a tree (topk {value}): stand in for tree verify first")
         if flag == "--max-mamba-cache-size" and mamba_slots is not None:
             value = str(mamba_slots)
         out += [flag] if value is None else [flag, value]

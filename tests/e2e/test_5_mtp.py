@@ -164,7 +164,7 @@ def test_a_client_that_goes_away_is_let_go(request, name):
         assert left["busy_when_left"] == 1, (how, left)  # it was running when the client went away
         assert left["after"]["idle"] and left["after"]["loads"]["num_used_tokens"] == 0, (how, left)
         assert left["after"]["seconds"] < min(10.0, d["full_request_seconds"] / 2), (how, left, d)
-    assert 2 <= d["stream"]["chunks_read"] < LONG_DECODE[1] / 2 and d["timeout"]["client_timed_out"], d
+    assert 2 <= d["stream"]["chunks_read"] < LONG_DECODE[1] / 2, d
 
 
 # ----------------------------------------------------------------------------- item 5: patch 0005 over HTTP

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import EXIT_CHANGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_REFUSED, KitError
 from . import commands
 from .engines import ENGINES
-from .state import MISSING, PATCHED, PRISTINE, UNKNOWN
+from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN
 from .target import from_python, from_site_packages
 from .transaction import Interrupted, deferred_signals
 
@@ -47,7 +47,7 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = patch.add_subparsers(dest="verb", required=True, metavar="{status,verify,apply,revert,recover,drift}")
     helps = {
-        "status": "per file: pristine / patched / unknown / missing (writes nothing)",
+        "status": "per file: pristine / patched / outdated / unknown / missing (writes nothing)",
         "verify": "exit 0 only when every file is in the patched state (writes nothing)",
         "apply": "apply the patch series (no-op when already patched)",
         "revert": "restore the pristine files byte for byte from our backups",
@@ -233,6 +233,9 @@ def render(report: commands.Report) -> None:
         extra = f"  ({', '.join(f.matches)})" if f.matches else f"  ({f.detail})" if f.detail else ""
         sha = f.sha256 or "-"
         print(f"  {f.state:<9} {f.entry.path:<{width}}  {sha}{extra}")
+    if any(f.state == OUTDATED for f in report.files) and report.command in ("status", "verify"):
+        print(f"  outdated: patched by an earlier version of this kit; `{m.engine.tool} patch apply` rewrites it "
+              f"from the pristine backup")
     if report.record_mismatches is not None:
         if report.record_mismatches:
             print(f"  RECORD: {len(report.record_mismatches)} file(s) differ from the engine's RECORD:")

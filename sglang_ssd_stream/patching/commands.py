@@ -19,7 +19,7 @@ from ..errors import (EXIT_NOT_VERIFIED, EXIT_OK, EXIT_PENDING, BadKitData, Chan
                       RefusedSourceState, UnsupportedRelease)
 from .diff import apply_file, load_patch, upstream_status
 from .manifest import Manifest, known_manifests
-from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, FileState, sha256_bytes, survey
+from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN, FileState, sha256_bytes, survey
 from .target import Target
 from .transaction import ROLLED_BACK, StateView, Transaction, Write
 
@@ -206,7 +206,8 @@ def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Re
     pending = _pending(target, manifest)
     files = survey(manifest, target.site_packages, manifests)
     if dry_run or not pending:
-        writes = _plan_apply(report, manifest, manifests, files)  # refusals here create nothing
+        with StateView(target.site_packages, manifest) as view:
+            writes = _plan_apply(report, manifest, manifests, files, view)  # refusals here create nothing
         if dry_run or not writes:
             report.files = files
             return report
@@ -214,38 +215,47 @@ def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Re
         _recover_first(report, txn)
         with _after_recovery(report):
             files = survey(manifest, target.site_packages, manifests)
-            writes = _plan_apply(report, manifest, manifests, files)
+            writes = _plan_apply(report, manifest, manifests, files, txn)
             txn.commit(writes, "apply")
         report.committed = bool(writes) or bool(report.recovered)
         report.actions += txn.warnings
     return _final_check(report, manifests, PATCHED)
 
 
-def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], files: list[FileState]) -> list[Write]:
+def _plan_apply(report: Report, manifest: Manifest, manifests: list[Manifest], files: list[FileState],
+                view: StateView) -> list[Write]:
     bad = [f for f in files if f.state in (UNKNOWN, MISSING)]
     if bad:
         raise RefusedSourceState("\n".join(_refusal(f, manifests) for f in bad) + "\nNothing was changed.")
     if {f.state for f in files} == {PATCHED}:
         report.actions.append("already patched: nothing to do")
         return []
-    # A patch whose files are partly patched is a half-applied group: refuse. Whole patches already
-    # applied (a runtime patched by an older kit that had fewer patches) are kept; the rest is applied.
+    # A patch that some of its files hold and others lack is a half-applied group: refuse. Files an
+    # earlier kit patched (fewer patches, or an older version of one) are known states: each is
+    # rewritten from its pristine backup, so the groups end whole whatever the earlier kit held.
     for patch in manifest.patches:
         group = [f for f in files if patch.id in f.entry.patches]
-        if len({f.state for f in group}) > 1:
+        if len({f.holds(patch.id) for f in group}) > 1:
             raise RefusedSourceState(
-                f"half-patched group {patch.id}: " + ", ".join(f"{f.entry.path} is {f.state}" for f in group)
+                f"half-patched group {patch.id}: " + ", ".join(
+                    f"{f.entry.path} {'holds' if f.holds(patch.id) else 'lacks'} it ({f.state})" for f in group)
                 + ". Run `patch revert` first, then `patch apply`. Nothing was changed.")
     writes = []
     for f in files:
         if f.state == PATCHED:
             report.actions.append(f"keep {f.entry.path} (already patched)")
     for f in files:
-        if f.state != PRISTINE:
+        if f.state == PRISTINE:
+            data = _patched_bytes(manifest, f.entry, f.data)
+            report.actions.append(f"patch {f.entry.path} ({', '.join(f.entry.patches)})")
+        elif f.state == OUTDATED:
+            held = f.entry.earlier_state(f.sha256).patches
+            data = _patched_bytes(manifest, f.entry, view.read_backup(f.entry.pristine, f.entry.path))
+            report.actions.append(f"patch {f.entry.path} ({', '.join(f.entry.patches)}) from its pristine backup, "
+                                  f"replacing an earlier kit's {', '.join(held)}")
+        else:
             continue
-        data = _patched_bytes(manifest, f.entry, f.data)
         writes.append(_write(f, f.entry.patched, data))
-        report.actions.append(f"patch {f.entry.path} ({', '.join(f.entry.patches)})")
     return writes
 
 
@@ -336,7 +346,7 @@ def _plan_revert(report: Report, manifests: list[Manifest], files: list[FileStat
     if bad:
         raise RefusedSourceState("\n".join(_refusal(f, manifests).replace("to patch", "to revert", 1) for f in bad)
                                  + "\nNothing was changed.")
-    todo = [f for f in files if f.state == PATCHED]
+    todo = [f for f in files if f.state in (PATCHED, OUTDATED)]
     if not todo:
         report.actions.append("already pristine: nothing to do")
         return []

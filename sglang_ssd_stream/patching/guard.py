@@ -21,7 +21,7 @@ from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding
 from .engines import ENGINES
 from .files import NotAFile
-from .state import MISSING, PATCHED, PRISTINE, UNKNOWN, function_sha256, open_site, read_target
+from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN, function_sha256, open_site, read_target
 
 # Verdict states, beyond the per-file ones.
 MIXED, PENDING, NO_VERDICT = "mixed", "pending", "error"
@@ -34,7 +34,7 @@ TOOL = {name: e.tool for name, e in ENGINES.items()}
 @dataclass(frozen=True)
 class Verdict:
     engine: str
-    state: str  # patched | pristine | mixed | unknown | pending | error
+    state: str  # patched | pristine | outdated | mixed | unknown | pending | error
     release: str | None
     listing: str  # "path=state, ..." or the reason no verdict could be reached
     files: int = 0
@@ -55,6 +55,10 @@ class Verdict:
         elif self.state == PRISTINE:
             out = [Finding(ERROR, "source", f"{name} is not patched ({self.listing})",
                            f"{apply}; or set {escape}=1 to run on a pristine {self.engine}")]
+        elif self.state == OUTDATED:
+            out = [Finding(ERROR, "source", f"{name} carries an earlier version of this kit's patches "
+                           f"({self.listing}); the kit's code expects its own", f"{apply} (or install.sh) updates "
+                           f"them from the pristine backups")]
         elif self.state == MIXED:
             out = [Finding(ERROR, "source", f"{name} is half-patched ({self.listing}); half-patched files are never "
                            f"used", f"{tool} patch apply (it completes or recovers the series)")]
@@ -106,6 +110,8 @@ def verdict(engine_name: str, *, python: str | None = None, site_packages: Path 
         state = PATCHED
     elif states == {PRISTINE}:
         state = PRISTINE
+    elif OUTDATED in states and states <= {PATCHED, PRISTINE, OUTDATED}:
+        state = OUTDATED
     elif states <= {PATCHED, PRISTINE}:
         state = MIXED
     else:

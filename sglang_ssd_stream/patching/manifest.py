@@ -26,6 +26,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {"engine", "release", "patches", "files"}
 _MANIFEST_OPTIONAL = {"watch", "wheels"}
 _FILE_KEYS = {"path", "pristine", "patched", "patches"}
+_FILE_OPTIONAL = {"earlier"}
+_EARLIER_KEYS = {"sha256", "patches"}
 _WATCH_KEYS = {"id", "path", "function", "sha256", "why"}
 _WHEEL_KEYS = {"file", "sha256", "record"}
 MAX_MANIFEST_BYTES = 1 << 20
@@ -38,11 +40,35 @@ class PatchEntry:
 
 
 @dataclass(frozen=True)
+class Earlier:
+    """A state an earlier kit wrote into this file from the same pristine bytes (an older version of a
+    patch, or fewer patches): known, so an upgrade rewrites it from the pristine backup instead of
+    refusing it as unknown."""
+
+    sha256: str
+    patches: tuple[str, ...]  # the patch ids it held (ids of that kit's series)
+
+
+@dataclass(frozen=True)
 class FileEntry:
     path: str  # POSIX path relative to site-packages, e.g. sglang/srt/managers/utils.py
     pristine: str
     patched: str
     patches: tuple[str, ...]
+    earlier: tuple[Earlier, ...] = ()
+
+    def earlier_state(self, sha: str | None) -> Earlier | None:
+        return next((e for e in self.earlier if e.sha256 == sha), None)
+
+    def holds(self, sha: str | None, patch_id: str) -> bool | None:
+        """Whether the bytes with SHA-256 ``sha`` hold ``patch_id`` (some version of it); None: not a
+        state of this file the kit knows."""
+        if sha == self.pristine:
+            return False
+        if sha == self.patched:
+            return patch_id in self.patches
+        e = self.earlier_state(sha)
+        return None if e is None else patch_id in e.patches
 
 
 @dataclass(frozen=True)
@@ -174,7 +200,7 @@ def load_manifest(path: Path) -> Manifest:
     files = []
     for i, f in enumerate(_list(raw["files"], f"{where}: files")):
         fw = f"{where}: files[{i}]"
-        _require_keys(f, _FILE_KEYS, fw)
+        _require_keys(f, _FILE_KEYS, fw, _FILE_OPTIONAL)
         rel = safe_relative_path(f["path"], package=engine.package, where=fw)
         touched = f["patches"]
         if not isinstance(touched, list) or not touched or not all(isinstance(t, str) and t in ids for t in touched) \
@@ -183,7 +209,20 @@ def load_manifest(path: Path) -> Manifest:
         pristine, patched = _sha(f["pristine"], fw), _sha(f["patched"], fw)
         if pristine == patched:
             raise BadKitData(f"{fw}: pristine and patched hashes are equal")
-        files.append(FileEntry(rel, pristine, patched, tuple(p.id for p in patches if p.id in touched)))
+        earlier = []
+        for j, e in enumerate(_list(f.get("earlier", []), f"{fw}: earlier")):
+            ew = f"{fw}: earlier[{j}]"
+            _require_keys(e, _EARLIER_KEYS, ew)
+            held = e["patches"]
+            if not isinstance(held, list) or not held or not all(isinstance(t, str) and PATCH_ID.match(t)
+                                                                 for t in held) or len(set(held)) != len(held):
+                raise BadKitData(f"{ew}: patches must list patch ids, got {held!r}")
+            earlier.append(Earlier(_sha(e["sha256"], ew), tuple(held)))
+        shas = [pristine, patched, *(e.sha256 for e in earlier)]
+        if len(set(shas)) != len(shas):
+            raise BadKitData(f"{fw}: pristine, patched and earlier hashes must all differ")
+        files.append(FileEntry(rel, pristine, patched, tuple(p.id for p in patches if p.id in touched),
+                               tuple(earlier)))
     if len({f.path for f in files}) != len(files):
         raise BadKitData(f"{where}: a file is listed twice")
     for p in patches:

@@ -1,4 +1,5 @@
-"""Per-file states, decided by SHA-256 alone: pristine, patched, unknown or missing."""
+"""Per-file states, decided by SHA-256 alone: pristine, patched, outdated (a state an earlier kit
+wrote, listed in the manifest), unknown or missing."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..errors import EnvironmentProblem
 from .files import NotAFile, errno_text, open_parent, read_at
 from .manifest import FileEntry, Manifest
 
-PRISTINE, PATCHED, UNKNOWN, MISSING = "pristine", "patched", "unknown", "missing"
+PRISTINE, PATCHED, OUTDATED, UNKNOWN, MISSING = "pristine", "patched", "outdated", "unknown", "missing"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -51,6 +52,9 @@ class FileState:
     detail: str = ""  # why a file is unknown although no hash was read: "is a FIFO", "is a symlink", ...
     data: bytes | None = field(default=None, repr=False)  # the bytes hashed (apply/revert plan from them)
     stat: os.stat_result | None = field(default=None, repr=False)
+
+    def holds(self, patch_id: str) -> bool | None:
+        return self.entry.holds(self.sha256, patch_id)
 
     def as_json(self) -> dict:
         return {"path": self.entry.path, "state": self.state, "sha256": self.sha256,
@@ -100,6 +104,8 @@ def classify(entry: FileEntry, site_fd: int, site_packages: Path, others: list[M
         return FileState(entry, path, PRISTINE, digest, data=data, stat=st)
     if digest == entry.patched:
         return FileState(entry, path, PATCHED, digest, data=data, stat=st)
+    if entry.earlier_state(digest) is not None:
+        return FileState(entry, path, OUTDATED, digest, data=data, stat=st)
     matches = []
     for other in others:
         try:

@@ -26,8 +26,8 @@ reported the change (exit 7).
 
 A process killed outright (SIGKILL, power loss) also leaves the journal, handled the same way. A
 journal is trusted only after it is checked against the release's manifest (schema, safe paths,
-known files and hashes) and only when rolling its files back leaves every patch group whole (all
-pristine or all patched); backups are looked up by content hash only and re-hashed when read.
+known files and hashes) and only when rolling its files back leaves every patch group whole (each
+patch held by all of its files or by none); backups are looked up by content hash only and re-hashed when read.
 """
 
 from __future__ import annotations
@@ -299,9 +299,9 @@ class StateView:
                 entry = self.manifest.file(rel)
             except KeyError:
                 self._bad_journal(f"{where}: {rel!r} is not a file of the {self.manifest.release} manifest")
-            known = (entry.pristine, entry.patched)
-            if f["pristine"] != entry.pristine or f["before"] not in known or f["after"] not in known \
-                    or f["before"] == f["after"] or rel in seen:
+            known = (entry.pristine, entry.patched)  # what a command writes; it may start from an earlier state
+            if f["pristine"] != entry.pristine or f["after"] not in known or f["before"] == f["after"] \
+                    or (f["before"] not in known and entry.earlier_state(f["before"]) is None) or rel in seen:
                 self._bad_journal(f"{where}: the hashes of {rel} are not the manifest's (or it is listed twice)")
             seen.add(rel)
             out.append((entry, f["before"], f["after"]))
@@ -551,7 +551,8 @@ class Transaction(StateView):
         try:
             if op == "apply":
                 for w in writes:
-                    self.store_backup(w.original, w.mode, w.uid, w.gid)
+                    if w.before == w.pristine:  # an earlier kit's state is rewritten from the backup it stored
+                        self.store_backup(w.original, w.mode, w.uid, w.gid)
             record = {"version": JOURNAL_VERSION, "op": op, "engine": self.engine.name,
                       "release": self.manifest.release,
                       "files": [{"path": w.rel, "before": w.before, "after": w.after, "pristine": w.pristine}
@@ -753,22 +754,24 @@ class Transaction(StateView):
         return sha256_bytes(data), st
 
     def _refuse_mixed_groups(self, rolled_back: set[str]) -> None:
-        """A recovery must leave every patch group all-pristine or all-patched: the journal's files end
-        pristine, every other file keeps its state. A journal that would split a group is refused."""
+        """A recovery must leave every patch group whole (each file holding the patch, or none): the
+        journal's files end pristine, every other file keeps its state. A journal that would split a
+        group is refused."""
         ends = {}
         for entry in self.manifest.files:
-            if entry.path in rolled_back:
-                ends[entry.path] = "pristine"
-                continue
-            current, _st = self._current(entry)
-            ends[entry.path] = ("pristine" if current == entry.pristine else "patched" if current == entry.patched
-                                else "unknown")
+            ends[entry.path] = entry.pristine if entry.path in rolled_back else self._current(entry)[0]
+        def word(e: FileEntry) -> str:
+            sha = ends[e.path]
+            return ("pristine" if sha == e.pristine else "patched" if sha == e.patched
+                    else "outdated" if e.earlier_state(sha) else "unknown")
+
         for patch in self.manifest.patches:
-            group = [e.path for e in self.manifest.files if patch.id in e.patches]
-            if len({ends[p] for p in group}) > 1:
+            group = [e for e in self.manifest.files if patch.id in e.patches]
+            held = {e.path: e.holds(ends[e.path], patch.id) for e in group}
+            if len(set(held.values())) > 1:
                 raise RefusedSourceState(
                     f"refusing the journal {self.journal}: rolling back its files would leave patch group "
-                    f"{patch.id} mixed ({', '.join(f'{p} {ends[p]}' for p in group)}). A journal this kit writes "
-                    f"lists every file its command changes. Nothing was changed; reinstall the engine (pip install "
+                    f"{patch.id} mixed ({', '.join(f'{e.path} {word(e)}' for e in group)}). A journal this "
+                    f"kit writes lists every file its command changes. Nothing was changed; reinstall the engine (pip install "
                     f"--force-reinstall --no-deps {self.engine.distribution}=={self.manifest.release}), delete the "
                     f"journal, and apply again.")

@@ -73,7 +73,7 @@ def load_trace(d: Path, max_tokens: int = 0):
 
 def chunks(starts: np.ndarray, chunk: int = CHUNK_TOKENS):
     """(first token, end token) of every prefill chunk: each request in order, ``chunk`` tokens at a time."""
-    for a, b in zip(starts[:-1], starts[1:]):
+    for a, b in zip(starts[:-1], starts[1:], strict=False):
         for c in range(int(a), int(b), chunk):
             yield c, min(c + chunk, int(b))
 
@@ -129,7 +129,7 @@ def run_belady(lib, seq, x, nxt, bounds, distinct: int, capacity: int, bypass: b
     if n < 0:
         raise MemoryError("belady: out of memory")
     pages = 0
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=False):
         m = seq[a:b][miss[a:b].astype(bool)]
         if m.size:
             pages += pages_of(m)

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sglang_ssd_stream.sidecar.format import SidecarTable, filesystem_type  # noqa: E402
 from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
+from sglang_ssd_stream.sidecar.format import SidecarTable, filesystem_type  # noqa: E402
 from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import PAGE_SIZE, rows_for_tokens  # noqa: E402
 

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
 
     h = qwen38_flash_next()
     ids = np.empty((tokens.size, h.ngram_heads), np.uint32)
-    for a, b in zip(starts[:-1], starts[1:]):  # each request starts from an EOS history
+    for a, b in zip(starts[:-1], starts[1:], strict=False):  # each request starts from an EOS history
         ids[a:b] = h.ids(tokens[a:b])
     args.out_dir.mkdir(parents=True, exist_ok=True)
     np.save(args.out_dir / "tokens.npy", tokens)

@@ -20,9 +20,9 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from .operate import add_operate_commands
     from .operate.model_cli import add_model_commands
+    from .patching.cli import add_patch_commands
     from .sglang.doctor import add_doctor_command
     from .sglang.side import SIDE as SGLANG_SIDE
-    from .patching.cli import add_patch_commands
     from .sidecar.cli import add_sidecar_commands
 
     parser = Parser(prog="sglang-ssd-stream",

@@ -11,8 +11,8 @@ a command line the doctor cannot parse exits :data:`~sglang_ssd_stream.errors.EX
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import Iterable
 
 from .errors import EXIT_OK, EXIT_REFUSED
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ssd_stream.patching.state import function_sha256
 from sglang_ssd_stream.patching.engines import ENGINES
 from sglang_ssd_stream.patching.manifest import known_manifests
+from sglang_ssd_stream.patching.state import function_sha256
 from sglang_ssd_stream.patching.wheels import fetch_wheel, wheel_file_bytes, wheel_record_digest
 
 

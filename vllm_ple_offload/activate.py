@@ -38,8 +38,12 @@ def install_nvidia(settings: env.PleSettings):
     def callback(module) -> None:
         import importlib
 
-        from .embedding import RefusedDeviceEmbedding, RegisteredPinnedPLEEmbedding, StreamedPLEEmbedding, \
-            select_backend
+        from .embedding import (
+            RefusedDeviceEmbedding,
+            RegisteredPinnedPLEEmbedding,
+            StreamedPLEEmbedding,
+            select_backend,
+        )
 
         if settings.streaming:
             from .doctor import require_verified_sidecar

@@ -46,14 +46,14 @@ import os
 import resource
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from sglang_ssd_stream.errors import EnvironmentProblem, KitError
-from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_release, thread_findings
 from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, refusal_text
+from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_release, thread_findings
 
 from . import env
 from .errors import PleSettingsError, PreflightFailed

@@ -31,10 +31,6 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-
-from sglang_ssd_stream.sidecar import check_model_shape, open_reader
-from sglang_ssd_stream.sidecar.errors import SidecarChecksumMismatch, SidecarShapeMismatch
-from sglang_ssd_stream.staging.gather import SidecarGather
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.models.qwen4_exp.common.ngram_embedding import (
     Qwen4ExpPLEDeviceEmbedding,
@@ -43,12 +39,15 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
     Qwen4ExpPLEPinnedHostEmbedding,
 )
 
-from . import LOGGER_NAME, env
-from .errors import PleSettingsError
+from sglang_ssd_stream.sidecar import check_model_shape, open_reader
+from sglang_ssd_stream.sidecar.errors import SidecarChecksumMismatch, SidecarShapeMismatch
 from sglang_ssd_stream.sidecar.row_cache import RowCache, captured_read, fixed_bytes, metadata_bytes
+from sglang_ssd_stream.staging.gather import SidecarGather
 from sglang_ssd_stream.staging.host_memory import account, allocate_registered, fmt_bytes, startup_line
 
+from . import LOGGER_NAME, env
 from .doctor import full_graph_refusal, load_sidecar, require_memlock
+from .errors import PleSettingsError
 
 log = logging.getLogger(LOGGER_NAME)
 

@@ -31,9 +31,9 @@ vLLM only runs the plugin when its ``VLLM_PLUGINS`` allowlist is unset or names
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from sglang_ssd_stream.env_numbers import ascii_int
 
@@ -162,7 +162,7 @@ def plugin_excluded(environ: Mapping[str, str] | None = None) -> bool:
     return PLUGINS_ENV in env and PLUGIN_NAME not in env[PLUGINS_ENV].split(",")
 
 
-def fetch_round_bytes(settings: "PleSettings", row_bytes: int) -> int:
+def fetch_round_bytes(settings: PleSettings, row_bytes: int) -> int:
     """Bytes of one fetch round of a table with ``row_bytes`` rows (the pread buffer's size)."""
     return settings.fetch_workers * settings.rows_per_task * int(row_bytes)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 _registered = False
 
 
-def _fatal(message: str) -> "NoReturn":  # noqa: F821
+def _fatal(message: str) -> NoReturn:  # noqa: F821
     raise SystemExit(f"vllm-ple-offload plugin: {message}")
 
 

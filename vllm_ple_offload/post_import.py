@@ -15,13 +15,13 @@ import importlib.abc
 import importlib.util
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 Callback = Callable[[object], None]
 
 _lock = threading.RLock()
 _callbacks: dict[str, list[Callback]] = {}
-_finder: "_PostImportFinder | None" = None
+_finder: _PostImportFinder | None = None
 
 
 class _Loader(importlib.abc.Loader):

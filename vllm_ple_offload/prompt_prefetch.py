@@ -32,7 +32,7 @@ import functools
 import inspect
 import logging
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import LOGGER_NAME, env, runtime_guard
 from .errors import PleSettingsError
@@ -44,7 +44,7 @@ RUNNER_V1 = "vllm.v1.worker.gpu_model_runner"
 _MARK = "_vllm_ple_prompt_prefetch"  # set on our wrappers: installing again is a no-op
 
 _lock = threading.Lock()
-_hook: "PromptHook | None" = None  # this process's (one runner per worker process)
+_hook: PromptHook | None = None  # this process's (one runner per worker process)
 
 
 class PromptHook:
@@ -80,7 +80,7 @@ class PromptHook:
             self._prompts[new.req_id] = tokens
             self._schedule(new.req_id, tokens, new.num_computed_tokens, counts.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
-        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
             tokens = self._prompts.get(req_id)
             if tokens is not None:
                 self._schedule(req_id, tokens, computed, counts.get(req_id, 0))
@@ -96,8 +96,9 @@ class PromptHook:
 
 def prefetch_layers(model) -> list:
     """``(NGramHash, RowCache)`` of every streamed PLE layer with a row cache in ``model``, forward order."""
-    from sglang_ssd_stream.sidecar.ngram import NGramHash
     from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpNGramEmbedding
+
+    from sglang_ssd_stream.sidecar.ngram import NGramHash
 
     from .embedding import StreamedPLEEmbedding
 

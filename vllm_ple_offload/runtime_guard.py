@@ -27,8 +27,8 @@ from __future__ import annotations
 import ast
 import os
 import types
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from sglang_ssd_stream.errors import RefusedSourceState
 from sglang_ssd_stream.patching.state import function_node

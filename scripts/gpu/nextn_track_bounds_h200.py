@@ -125,7 +125,7 @@ def expected(pre: int, al: int, nodes: list[int], interval: int) -> tuple[int, i
 def violations(batch: Batch, last, track) -> list[dict]:
     """Rows where the kernel disagrees with the oracle (or tracks a step that was not accepted)."""
     bad = []
-    for b, (pre, al, nodes) in enumerate(zip(batch.pre, batch.al, batch.nodes)):
+    for b, (pre, al, nodes) in enumerate(zip(batch.pre, batch.al, batch.nodes, strict=False)):
         want_last, want_track = expected(pre, al, nodes, batch.interval)
         got_last, got_track = int(last[b]), int(track[b])
         accepted_step = got_track == -1 or got_track in nodes

@@ -545,7 +545,7 @@ def long_prompt(stats_path: str | None, iops: float | None, tok_s: float, tokens
         return None
     growth = json.loads(Path(stats_path).read_text())["ids_curve"]["distinct_after_lookups"]
     lookups = tokens * ROWS_PER_TOKEN
-    xs, ys = zip(*growth)
+    xs, ys = zip(*growth, strict=False)
     distinct = int(np.interp(lookups, xs, ys))
     disk_s = distinct / iops
     compute_s = tokens / tok_s

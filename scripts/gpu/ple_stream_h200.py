@@ -48,11 +48,11 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from sglang_ssd_stream.staging.kernels import convert_staged_rows  # noqa: E402
-from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
-from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
+from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
+from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
+from sglang_ssd_stream.staging.kernels import convert_staged_rows  # noqa: E402
 
 KERNEL = "_gather_ple_embedding_from_pinned_kernel"
 COLS = 160
@@ -171,7 +171,7 @@ def time_ms(fn, reps: int, before=None) -> list[float]:
 def check_bitexact(kernel, tables, args, results) -> bool:
     ok = True
     side = torch.cuda.Stream()
-    for dtype, (path, rows, row_bytes, pinned) in tables.items():
+    for dtype, (path, rows, _row_bytes, pinned) in tables.items():
         lo, hi = rows // 4, rows - rows // 8  # this "rank" owns the middle; the rest must come back zero
         base = Sglang(kernel, pinned, lo, hi)
         for io, mode in [(io, mode) for io in args.io for mode in ("uva", "h2d")]:
@@ -261,7 +261,7 @@ def _captured_read_check(g: SidecarGather, base: Sglang, rows: int, lo: int, hi:
     rng = np.random.default_rng(n)
     ok = True
     ref = torch.empty((n, COLS), dtype=torch.bfloat16, device="cuda")
-    for rep in range(4):
+    for _rep in range(4):
         raw = rng.integers(0, rows, n)
         if __import__("math").gcd(7, rows) == 1:  # inputs whose ids are this rank's first and last rows
             inv = pow(7, -1, rows)
@@ -415,8 +415,8 @@ class _Phases:
     def medians_ms(self) -> dict:
         if not self.samples:
             return {}
-        cols = list(zip(*self.samples))
-        return {k: statistics.median(c) * 1e3 for k, c in zip(("ids_wait", "read", "convert_launch"), cols)}
+        cols = list(zip(*self.samples, strict=False))
+        return {k: statistics.median(c) * 1e3 for k, c in zip(("ids_wait", "read", "convert_launch"), cols, strict=False)}
 
 
 def overlap(kernel, path, rows, pinned, args) -> list[dict]:

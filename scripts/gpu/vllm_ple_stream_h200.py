@@ -438,7 +438,7 @@ def decode_graphs(kernel, manifest, args) -> list[dict]:
             return graph
 
         graphs = {w: build(w) for w in ("layer_only", "vllm_pinned_uva", *gathers)}
-        for w, gr in graphs.items():  # warm: one replay each (the rows' pages are in the page cache)
+        for gr in graphs.values():  # warm: one replay each (the rows' pages are in the page cache)
             gr.replay()
         torch.cuda.synchronize()
         row = {"rows": n, "tokens": n // HEADS, "layer_ms_target": args.decode_layer_ms}

@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
 from sglang_ssd_stream.sidecar.format import load_manifest  # noqa: E402
 from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
-from sglang_ssd_stream.sidecar import open_reader  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 
@@ -223,8 +223,8 @@ def sglang_rank_main(rank: int, world: int, args) -> None:
     """SGLang's side: ranges from sglang's own arithmetic, rows through our ``SidecarGather`` (BF16
     out, other ranks' rows zero), then a BF16 NCCL all-reduce; eager, and as a CUDA graph that
     captures the read as a host node plus the all-reduce (how a TP decode step would replay)."""
-    from sglang_ssd_stream.staging.gather import SidecarGather
     from sglang_ssd_stream.sidecar import open_reader
+    from sglang_ssd_stream.staging.gather import SidecarGather
 
     if args.watchdog_s:
         import faulthandler

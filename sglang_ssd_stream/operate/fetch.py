@@ -328,7 +328,7 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
     log(f"cache {cache_dir}: {missing / (1 << 30):.2f} GiB to download, {free / (1 << 30):.1f} GiB free")
 
     fetched = {}
-    for kind, repo, revision, commit, patterns, files in plan:
+    for kind, repo, _revision, commit, patterns, files in plan:
         snapshot = download(repo, commit, patterns, cache_dir, endpoint=endpoint, progress=progress)
         if snapshot.name != commit:
             raise ModelUpdateError(f"huggingface_hub returned {snapshot} for {repo}@{commit}")

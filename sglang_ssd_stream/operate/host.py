@@ -21,9 +21,9 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from ..findings import ERROR, OK, WARNING, Finding
 

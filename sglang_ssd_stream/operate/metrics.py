@@ -11,8 +11,9 @@ reads memory from the host instead (``/proc``, NVML on discrete GPUs).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)

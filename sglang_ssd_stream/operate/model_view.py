@@ -34,9 +34,8 @@ from ..errors import EXIT_OK, BadKitData, EnvironmentProblem, RefusedSourceState
 from ..sidecar.build import SHARD_TENSOR
 from ..sidecar.format import INDEX_NAME, MANIFEST_NAME, SCALE_FILE_NAME, hf_blobs_root
 from ..sidecar.verify import CACHE_NAME
-from ..sidecar.view import MARKER_FORMAT, MARKER_NAME, ForeignView
+from ..sidecar.view import MARKER_FORMAT, MARKER_NAME, ForeignView, load_sidecar
 from ..sidecar.view import read_marker as _read_marker
-from ..sidecar.view import load_sidecar
 
 BACKUP_NAME = "model.safetensors.index.with-ple.json"
 MTP_DIR = "mtp"

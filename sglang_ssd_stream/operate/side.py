@@ -7,9 +7,9 @@ mounts the commands with :data:`sglang_ssd_stream.sglang.side.SIDE`, the vLLM CL
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .metrics import MetricNames
 

@@ -32,9 +32,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .host import meminfo as host_meminfo
 from .metrics import MetricNames, engine_sample, parse
@@ -284,7 +284,7 @@ def alerts(sample: dict, limits: WatchLimits, history: list[dict]) -> list[dict]
                              ("accept_rate", limits.accept_rate_warn, "MTP accept rate")):
         if limit is None:
             continue
-        streak = [s for s in [sample] + list(_tail_while(history, lambda s: _low(s, key, limit)))]
+        streak = [s for s in [sample] + list(_tail_while(history, lambda s, key=key, limit=limit: _low(s, key, limit)))]
         if _low(sample, key, limit) and len(streak) >= SUSTAIN:
             out.append({"level": "warn", "check": key, "message":
                         f"{what} {eng[key]:.2f} < {limit:g} for {len(streak)} samples with requests running "

@@ -5,7 +5,7 @@ Imports neither sglang nor vllm; both engine sides (``sglang-ssd-stream patch`` 
 """
 
 from .engines import ENGINES, Engine
-from .manifest import Manifest, load_manifest, known_manifests
+from .manifest import Manifest, known_manifests, load_manifest
 from .state import FileState, survey
 
 __all__ = ["ENGINES", "Engine", "Manifest", "load_manifest", "known_manifests", "FileState", "survey"]

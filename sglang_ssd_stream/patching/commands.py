@@ -15,8 +15,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import (EXIT_NOT_VERIFIED, EXIT_OK, EXIT_PENDING, BadKitData, ChangedButUnfinished, KitError,
-                      RefusedSourceState, UnsupportedRelease)
+from ..errors import (
+    EXIT_NOT_VERIFIED,
+    EXIT_OK,
+    EXIT_PENDING,
+    BadKitData,
+    ChangedButUnfinished,
+    KitError,
+    RefusedSourceState,
+    UnsupportedRelease,
+)
 from .diff import apply_file, load_patch, upstream_status
 from .manifest import Manifest, known_manifests
 from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN, FileState, sha256_bytes, survey

@@ -34,17 +34,27 @@ import argparse
 import json
 import os
 import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding, as_json, exit_code, print_report
-from ..operate.host import (CpuBudget, TegraRelease, cpu_budget, free_bytes, meminfo, tegra_finding,
-                            tegra_release, thread_findings)
-from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW, Verdict, verdict
+from ..operate.host import (
+    CpuBudget,
+    TegraRelease,
+    cpu_budget,
+    free_bytes,
+    meminfo,
+    tegra_finding,
+    tegra_release,
+    thread_findings,
+)
+from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW
+from ..patching.guard import Verdict, verdict
 from ..sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
 from ..staging.native_read import C_COMPILERS
+
 GIB = 1 << 30
 
 FP8_INDEXER_MAJORS = (9, 10)  # sglang 0.5.23: "--qsa-indexer-dtype fp8_e4m3 requires a CUDA SM90/SM100 GPU"
@@ -471,7 +481,8 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
     The weights are the model's and, when the launch drafts (``--speculative-algorithm``), the NEXTN draft
     model's (``--speculative-draft-model-path``): write-up 000 loads 8.08 GB of MTP beside 77.97 GB."""
     from ..errors import KitError
-    from ..operate.capacity import GIB as PLAN_GIB, load_geometry, mamba_slots_per_request_of, plan, weights_bytes
+    from ..operate.capacity import GIB as PLAN_GIB
+    from ..operate.capacity import load_geometry, mamba_slots_per_request_of, plan, weights_bytes
 
     def num(flag, default=None):
         v = _flag(argv, flag)

@@ -294,7 +294,6 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
     wrapped in a :class:`~..sidecar.row_cache.RowCache` of an even share of the budget, and captured reads
     (CUDA graphs) are the cache's own native host node; budget 0 serves from the mapped/pread reader."""
     import torch
-
     from sglang.srt.models.qwen4_exp import Qwen4ExpNGramEmbedding, Qwen4ExpPinnedHostEmbedding
 
     from ..sidecar import open_reader

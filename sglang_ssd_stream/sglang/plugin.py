@@ -27,7 +27,7 @@ def _say(message: str) -> None:
     print(f"sglang-ssd-stream plugin: pid {os.getpid()}: {message}", file=sys.stderr, flush=True)
 
 
-def _fatal(message: str) -> "NoReturn":  # noqa: F821
+def _fatal(message: str) -> NoReturn:  # noqa: F821
     # Not printed here: the interpreter (or multiprocessing's bootstrap, in a scheduler process) prints a
     # SystemExit's text once on stderr; printing it too showed every refusal twice.
     raise SystemExit(f"sglang-ssd-stream plugin: {message}")

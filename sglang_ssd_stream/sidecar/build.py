@@ -26,9 +26,9 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import EnvironmentProblem, RefusedSourceState
 from . import _safetensors
@@ -311,13 +311,13 @@ def build_sidecar(
     sources = find_ple_shards(checkpoint, split_ngram_parts=split_ngram_parts, tensors=tensors)
     if layers is not None:
         wanted = sorted(set(layers))
-        absent = [l for l in wanted if l not in sources]
+        absent = [n for n in wanted if n not in sources]
         if absent:
             raise SidecarCheckpointError(
                 f"{checkpoint}: no PLE shards for layer(s) {absent}; the checkpoint has layers {sorted(sources)}",
                 path=str(checkpoint), actual=sorted(sources), expected=wanted,
             )
-        sources = {l: sources[l] for l in wanted}
+        sources = {n: sources[n] for n in wanted}
     for s in sources.values():
         if expected_rows is not None and s.rows != expected_rows:
             raise SidecarCheckpointError(
@@ -368,9 +368,9 @@ def build_sidecar(
             "format": FORMAT,
             "version": VERSION,
             "tables": [
-                {"layer": l, "path": table_name(l), "sha256": digests[l], "dtype": s.dtype, "rows": s.rows,
+                {"layer": n, "path": table_name(n), "sha256": digests[n], "dtype": s.dtype, "rows": s.rows,
                  "columns": s.columns, "row_start": 0, "bytes": s.bytes}
-                for l, s in sources.items()
+                for n, s in sources.items()
             ],
         }
         tmp = manifest_path.with_name(f".{MANIFEST_NAME}.partial")
@@ -407,7 +407,7 @@ def _write_scales(checkpoint: Path, out_dir: Path, tensors, sources) -> tuple[st
     for layer, src in sources.items():
         if layer not in found:
             log.warning("PLE layer %d (%s) has no weight_scale tensor in %s", layer, src.dtype, checkpoint)
-    names = {l: i.name for l, i in found.items()}
+    names = {n: i.name for n, i in found.items()}
     if not found:
         return None, names
     if os.path.realpath(out_dir) == os.path.realpath(checkpoint):

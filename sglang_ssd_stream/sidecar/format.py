@@ -30,9 +30,9 @@ import re
 import stat
 import struct
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable
 
 from .. import strict_json
 from . import _safetensors

@@ -224,7 +224,7 @@ class MappedReader:
                 pass
             os.close(self._fd)
 
-    def __enter__(self) -> "MappedReader":
+    def __enter__(self) -> MappedReader:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -149,7 +149,7 @@ class NGramHash:
                              f"(ngram_size - 1) * heads_per_ngram of each")
         if min(self.head_sizes) < 1 or min(self.head_offsets) < 0:
             raise ValueError("head sizes must be positive and offsets non-negative")
-        top = max(o + s for o, s in zip(self.head_offsets, self.head_sizes))
+        top = max(o + s for o, s in zip(self.head_offsets, self.head_sizes, strict=False))
         if top > self.rows:
             raise ValueError(f"head partitions end at row {top}, beyond the table's {self.rows} rows")
 
@@ -165,7 +165,7 @@ class NGramHash:
     @classmethod
     def from_config(cls, *, unigram_vocab_size: int, eos_token_id: int, ngram_size: int = 3, heads_per_ngram: int = 8,
                     ngram_vocab_size_base: int = 20_000_000, make_ngram_vocab_size_divisible_by: int = 128,
-                    seed: int = DEFAULT_SEED, ple_layer_index: int = 0) -> "NGramHash":
+                    seed: int = DEFAULT_SEED, ple_layer_index: int = 0) -> NGramHash:
         """The engines' derivation. ``ple_layer_index`` is the index of the layer among the sorted
         unique ``ple_layer_ids`` (sglang ``ple_layer_index``, vLLM ``ple_dense_layer_id``);
         ``unigram_vocab_size`` is the model's ``vocab_size``; ``seed`` its ``seed`` (default 1234)."""
@@ -183,7 +183,7 @@ class NGramHash:
 
     @classmethod
     def from_buffers(cls, layer_multipliers, ngram_heads_vocab_sizes, ngram_heads_offsets, *, heads_per_ngram: int,
-                     eos_token_id: int, rows: int) -> "NGramHash":
+                     eos_token_id: int, rows: int) -> NGramHash:
         """From a loaded engine module's buffers (``.tolist()`` of the tensors, or any int sequence)."""
         m, s, o = (tuple(int(v) for v in _as_int64(x, name)) for x, name in (
             (layer_multipliers, "layer_multipliers"), (ngram_heads_vocab_sizes, "ngram_heads_vocab_sizes"),
@@ -191,7 +191,7 @@ class NGramHash:
         return cls(m, s, o, int(heads_per_ngram), int(eos_token_id), int(rows))
 
     @classmethod
-    def from_module(cls, module, *, rows: int) -> "NGramHash":
+    def from_module(cls, module, *, rows: int) -> NGramHash:
         """From a loaded n-gram embedding module of either engine (sglang's and vLLM's ``Qwen4ExpNGramEmbedding``
         name these buffers alike); ``rows``: the table's row count."""
         return cls.from_buffers(module.layer_multipliers.tolist(), module.ngram_heads_vocab_sizes.tolist(),

@@ -29,8 +29,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
 
 import numpy as np
 

@@ -372,7 +372,7 @@ class SidecarReader:
             self._closed = True
             self._finalizer()
 
-    def __enter__(self) -> "SidecarReader":
+    def __enter__(self) -> SidecarReader:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -462,7 +462,7 @@ class SidecarReader:
 
     def _read_runs(self, file_offs, buf_offs, lengths, expects) -> None:
         fd, mv, path = self._fd, self._mv, self.table.file
-        for fo, bo, ln, ex in zip(file_offs, buf_offs, lengths, expects):
+        for fo, bo, ln, ex in zip(file_offs, buf_offs, lengths, expects, strict=False):
             got = 0
             try:
                 while got < ex:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..env_numbers import ascii_int
 from .errors import (
     SidecarChanged,
     SidecarIOError,
@@ -43,7 +44,6 @@ from .errors import (
     SidecarShapeMismatch,
     SidecarTruncated,
 )
-from ..env_numbers import ascii_int
 from .native import NativeBuildError, build_library
 from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out, open_table
 
@@ -324,7 +324,7 @@ class RowCache:
             self._lib.rc_stats(self._c, buf.ctypes.data)
         finally:
             self._exit()
-        return dict(zip(STAT_NAMES, buf.tolist()))
+        return dict(zip(STAT_NAMES, buf.tolist(), strict=False))
 
     def occupancy(self) -> tuple[int, int]:
         """(rows cached and valid, rows being filled)."""
@@ -415,7 +415,7 @@ class RowCache:
 
     # ------------------------------------------------------------------ CUDA host node
 
-    def host_read(self, ids: np.ndarray, out: np.ndarray, *, what: str) -> "HostRead":
+    def host_read(self, ids: np.ndarray, out: np.ndarray, *, what: str) -> HostRead:
         """A lookup of ``ids`` (int64, fixed address) into ``out`` (uint8 ``[n, row_bytes]``, fixed
         address) as a CUDA host function: ``cuLaunchHostFunc(stream, node.function, node.argument)``.
         No Python, no GIL at replay; a failure prints and ends the process (exit 70). The cache's
@@ -439,7 +439,7 @@ class RowCache:
         self._finalizer()
         self.reader.close()
 
-    def __enter__(self) -> "RowCache":
+    def __enter__(self) -> RowCache:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -537,7 +537,7 @@ class CacheSimulator:
     def stats(self) -> dict:
         buf = np.zeros(len(STAT_NAMES), np.int64)
         self._lib.rc_stats(self._c, buf.ctypes.data)
-        return dict(zip(STAT_NAMES, buf.tolist()))
+        return dict(zip(STAT_NAMES, buf.tolist(), strict=False))
 
     def close(self) -> None:
         self._finalizer()

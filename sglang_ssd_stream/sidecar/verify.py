@@ -21,9 +21,9 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 from .errors import SidecarChecksumMismatch, SidecarIOError, SidecarTruncated
 from .format import SidecarManifest, SidecarTable, load_manifest

@@ -227,7 +227,7 @@ class SidecarGather:
 
     # ------------------------------------------------------------------ eager
 
-    def begin(self, ids: torch.Tensor, out: torch.Tensor, stream: "torch.cuda.Stream | None" = None) -> None:
+    def begin(self, ids: torch.Tensor, out: torch.Tensor, stream: torch.cuda.Stream | None = None) -> None:
         """Start gathering rows ``ids`` (int64 on ``self.device``) into ``out`` on ``stream``."""
         ids = check_ids(ids)
         n = ids.numel()
@@ -266,7 +266,7 @@ class SidecarGather:
 
     # ------------------------------------------------------------------ a prefetch on a side stream
 
-    def prefetch(self, ids: torch.Tensor, out: torch.Tensor, stream: "torch.cuda.Stream | None") -> None:
+    def prefetch(self, ids: torch.Tensor, out: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
         """Start a lookup on the prefetch ``stream`` (None on a CPU box), which first waits for the
         current stream (the ids' producer): :meth:`capture` when the current stream is being captured
         into a CUDA graph, else :meth:`begin`. :meth:`join` ends it. vLLM's streamed backends use
@@ -279,7 +279,7 @@ class SidecarGather:
         else:
             self.begin(ids, out, stream)
 
-    def join(self, stream: "torch.cuda.Stream | None") -> None:
+    def join(self, stream: torch.cuda.Stream | None) -> None:
         """End a :meth:`prefetch`: its delivery is enqueued (or its error raised) and the current
         stream waits for ``stream``. Inside a capture both are graph dependencies only."""
         self.wait()
@@ -315,11 +315,11 @@ class SidecarGather:
         self.stats.captured += 1
 
     @staticmethod
-    def capture_wait(event: "torch.cuda.Event", stream=None) -> None:
+    def capture_wait(event: torch.cuda.Event, stream=None) -> None:
         """Inside capture: make the graph wait for an event recorded before each replay."""
         (stream or torch.cuda.current_stream()).wait_event(event)
 
-    def launch_for_replay(self, ids_host: np.ndarray, out: torch.Tensor, stream, event: "torch.cuda.Event") -> None:
+    def launch_for_replay(self, ids_host: np.ndarray, out: torch.Tensor, stream, event: torch.cuda.Event) -> None:
         """Outside capture, before replay: fill ``out`` (the graph's fixed buffer) and record ``event``."""
         n = len(ids_host)
         self._check(n, out)

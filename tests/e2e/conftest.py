@@ -24,7 +24,7 @@ from ..engine import EngineVenv, engine_venv
 from . import probes
 from .models import VOCAB
 from .probes import token_ids
-from .server import HYBRID_CAPS, SglangServer, ServerFailed, build_stub_driver, stop_all
+from .server import HYBRID_CAPS, ServerFailed, SglangServer, build_stub_driver, stop_all
 
 ALLOW_UNPATCHED = {"SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
 # patch 0007's settings, lowered so the survey's oversized body and half-sent request cost little time

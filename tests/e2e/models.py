@@ -82,8 +82,12 @@ def make_qwen4_exp(out: Path) -> Path:
     It is a vision-language checkpoint like the real one (sglang builds its processor at start), with a
     one-block vision tower that no test feeds."""
     import torch
-    from transformers import (Qwen2VLImageProcessor, Qwen3VLVideoProcessor, Qwen4ExpConfig,
-                              Qwen4ExpForConditionalGeneration)
+    from transformers import (
+        Qwen2VLImageProcessor,
+        Qwen3VLVideoProcessor,
+        Qwen4ExpConfig,
+        Qwen4ExpForConditionalGeneration,
+    )
 
     vocab = write_tokenizer(out, VISION_TOKENS)
     text = qwen4_exp_text_config(vocab)

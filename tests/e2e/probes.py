@@ -199,7 +199,7 @@ def _half_request(server: SglangServer, wait: float = 30.0) -> dict:
         try:
             data = s.recv(4096)
             return {"dropped": True, "after": time.monotonic() - t0, "answer": data[:200].decode(errors="replace")}
-        except socket.timeout:
+        except TimeoutError:
             return {"dropped": False, "after": time.monotonic() - t0}
     finally:
         s.close()

@@ -63,7 +63,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_live: set["SglangServer"] = set()
+_live: set[SglangServer] = set()
 
 # argv: the test process's pid, the server's process group. Ends the group (TERM, then KILL) if the test
 # process goes away first; exits quietly once the group is gone.
@@ -126,7 +126,7 @@ class SglangServer:
         return [self.python, "-m", "sglang.launch_server", "--model-path", str(self.model), "--host", "127.0.0.1",
                 "--port", str(self.port), "--device", "cpu", *CAPS, *self.args]
 
-    def start(self) -> "SglangServer":
+    def start(self) -> SglangServer:
         stop_all()  # never two servers at once
         self.home.mkdir(parents=True, exist_ok=True)
         path = [str(STANDIN)] if self.standin else []
@@ -148,7 +148,7 @@ class SglangServer:
                          start_new_session=True)
         return self
 
-    def wait_ready(self, timeout: float = 420.0) -> "SglangServer":
+    def wait_ready(self, timeout: float = 420.0) -> SglangServer:
         """Until /health answers 200 (sglang's own warm-up request has then run); raises ServerFailed."""
         import httpx
 

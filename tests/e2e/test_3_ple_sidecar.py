@@ -22,7 +22,7 @@ HOOKS = ("allocate", "load_weights", "gather", "consume")
 def _greedy(sc):
     runs = sc.results["greedy"]
     assert len(runs) == len(PLE_PROMPTS)
-    for run, n in zip(runs, PLE_PROMPTS):
+    for run, n in zip(runs, PLE_PROMPTS, strict=False):
         assert run["prompt_tokens"] == n and len(run["output_ids"]) == MAX_TOKENS
         assert run["logprob_ids"] == run["output_ids"]
         assert run["finish_reason"]["type"] == "length"

@@ -40,7 +40,7 @@ def _lines(sc, pattern: str) -> list[str]:
 def _ids(sc) -> list[list[int]]:
     runs = sc.results["greedy"]
     assert len(runs) == len(PLE_PROMPTS)
-    for run, n in zip(runs, PLE_PROMPTS):
+    for run, n in zip(runs, PLE_PROMPTS, strict=False):
         assert run["prompt_tokens"] == n and len(run["output_ids"]) == MAX_TOKENS, run
         assert run["finish_reason"]["type"] == "length", run
     return [run["output_ids"] for run in runs]

@@ -47,7 +47,7 @@ def test_needles_at_depths():
     body = Filler(1).text(10_000)
     codes = needle_codes(1)
     text = with_needles(body, (0.1, 0.5, 0.9), codes)
-    for i, (code, depth) in enumerate(zip(codes, (0.1, 0.5, 0.9)), 1):
+    for i, (code, depth) in enumerate(zip(codes, (0.1, 0.5, 0.9), strict=False), 1):
         pos = text.index(f"The secret code number {i} is {code}.")
         assert abs(pos / len(text) - depth) < 0.02
     assert len(set(codes)) == 3 and needle_codes(1) == codes

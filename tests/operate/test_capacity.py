@@ -6,8 +6,16 @@ import json
 
 import pytest
 
-from sglang_ssd_stream.operate.capacity import (GIB, load_geometry, mamba_bytes_per_slot, mamba_slots_needed,
-                                                mamba_slots_per_request, plan, sessions_of, weights_bytes)
+from sglang_ssd_stream.operate.capacity import (
+    GIB,
+    load_geometry,
+    mamba_bytes_per_slot,
+    mamba_slots_needed,
+    mamba_slots_per_request,
+    plan,
+    sessions_of,
+    weights_bytes,
+)
 from sglang_ssd_stream.operate.errors import ModelConfigError, PlanRefused
 
 from .conftest import SIDES, write_model

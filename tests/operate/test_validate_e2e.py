@@ -19,9 +19,8 @@ from sglang_ssd_stream.operate.errors import ServerUnreachable
 from sglang_ssd_stream.operate.validate.runner import run_validation
 from sglang_ssd_stream.operate.validate.suites import Settings
 
-from .server import Server, free_port, make_tiny_model
-
 from .conftest import SIDES
+from .server import Server, free_port, make_tiny_model
 
 
 @pytest.fixture(scope="module")

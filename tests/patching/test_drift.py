@@ -8,10 +8,9 @@ import subprocess
 import sys
 import zipfile
 
-
 from sglang_ssd_stream.patching.drift import analyse_release
-from sglang_ssd_stream.patching.state import function_sha256
 from sglang_ssd_stream.patching.manifest import load_manifest
+from sglang_ssd_stream.patching.state import function_sha256
 
 from .conftest import A_PATCHED, A_PRISTINE, B_PATCHED, B_PRISTINE, REPO, sha
 

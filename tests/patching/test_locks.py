@@ -4,9 +4,9 @@ x x86_64/aarch64, every distribution pinned with its SHA-256, the kit's own depe
 from __future__ import annotations
 
 import re
-import tomllib
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -26,7 +26,7 @@ def canon(name: str) -> str:
 def parse_lock(path) -> dict[str, tuple[str, list[str]]]:
     """name -> (version, hashes); refuses anything pip --require-hashes would not take."""
     text = path.read_text()
-    body = re.sub(r"\\\n\s*", " ", "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#")))
+    body = re.sub(r"\\\n\s*", " ", "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#")))
     out = {}
     for line in filter(str.strip, body.splitlines()):
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)\s*", line)

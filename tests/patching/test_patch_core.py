@@ -11,8 +11,15 @@ import sys
 import pytest
 from filelock import FileLock
 
-from sglang_ssd_stream.errors import (EXIT_BAD_KIT_DATA, EXIT_ENVIRONMENT, EXIT_LOCKED, EXIT_NOT_VERIFIED, EXIT_OK,
-                                      EXIT_REFUSED, EXIT_USAGE)
+from sglang_ssd_stream.errors import (
+    EXIT_BAD_KIT_DATA,
+    EXIT_ENVIRONMENT,
+    EXIT_LOCKED,
+    EXIT_NOT_VERIFIED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+)
 
 from .conftest import REPO, sha
 

@@ -33,7 +33,7 @@ def pytest_generate_tests(metafunc):
     if "sglang_release" in metafunc.fixturenames:
         from sglang_ssd_stream.patching.manifest import known_manifests
 
-        patch_id = getattr(metafunc.module, "PATCH_ID")
+        patch_id = metafunc.module.PATCH_ID
         listed = {m.release for m in known_manifests(ENGINES["sglang"]) if any(p.id == patch_id for p in m.patches)}
         releases = [r for r in [ENGINES["sglang"].pinned, *sorted(_other_releases())] if r in listed]
         metafunc.parametrize("sglang_release", releases, indirect=True)

@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from sglang_ssd_stream.operate import host
-from sglang_ssd_stream.sglang import doctor
-from sglang_ssd_stream.patching.guard import Verdict
-from sglang_ssd_stream.sglang.doctor import ERROR, GIB, OK, WARNING, Device, Disk, Facts, Request, run_checks
 from sglang_ssd_stream.errors import EXIT_OK, EXIT_REFUSED
+from sglang_ssd_stream.operate import host
+from sglang_ssd_stream.patching.guard import Verdict
+from sglang_ssd_stream.sglang import doctor
+from sglang_ssd_stream.sglang.doctor import ERROR, GIB, OK, WARNING, Device, Disk, Facts, Request, run_checks
 
 THOR = Device("NVIDIA Thor", (11, 0), 122 * GIB, integrated=True, pageable_memory_access=True)
 H200 = Device("NVIDIA H200", (9, 0), 140 * GIB, integrated=False, pageable_memory_access=False)

@@ -40,7 +40,7 @@ def make_checkpoint(
 
     rng = np.random.default_rng(seed)
     path.mkdir(parents=True, exist_ok=True)
-    named: dict[str, "torch.Tensor"] = {}
+    named: dict[str, torch.Tensor] = {}
     tables, dtypes, scales = {}, {}, {}
     for layer, (dtype, rows, cols) in layers.items():
         itemsize = 1 if dtype == "float8_e4m3fn" else 2
@@ -115,7 +115,7 @@ def big(tmp_path_factory):
         parts=64, files=3, seed=1,
     )
     result = build_sidecar(ck.path, root / "artifact", progress=False)
-    ref = {l: shard_rows_via_safetensors(ck.path, l) for l in ck.tables}
+    ref = {n: shard_rows_via_safetensors(ck.path, n) for n in ck.tables}
     return ck, result, ref
 
 

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import BF16_LAYER, BF16_ROWS, COLS, FP8_LAYER, FP8_ROWS
+
 from sglang_ssd_stream.sidecar import (
     PAGE_SIZE,
     SidecarReader,
@@ -65,7 +65,7 @@ def test_weight_scale_copied_and_located(big):
         assert s.value == ck.scales[layer]
         assert loaded[s.tensor].dtype == torch.bfloat16 and loaded[s.tensor].item() == ck.scales[layer]
     # the checkpoint itself (no scale file; found through model.safetensors.index.json)
-    assert {l: s.value for l, s in find_weight_scales(ck.path).items()} == ck.scales
+    assert {n: s.value for n, s in find_weight_scales(ck.path).items()} == ck.scales
 
 
 @pytest.mark.parametrize("layer", [FP8_LAYER, BF16_LAYER])

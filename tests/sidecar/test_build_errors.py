@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import make_checkpoint, shard_rows_via_safetensors
+
 from sglang_ssd_stream.errors import EnvironmentProblem, RefusedSourceState
 from sglang_ssd_stream.sidecar import SidecarCheckpointError, SidecarReader, load_manifest
 from sglang_ssd_stream.sidecar import build as build_mod

@@ -6,8 +6,8 @@ import argparse
 import json
 
 import pytest
-
 from conftest import make_checkpoint
+
 from sglang_ssd_stream.errors import KitError
 from sglang_ssd_stream.sidecar import SidecarChecksumMismatch, SidecarShapeMismatch
 from sglang_ssd_stream.sidecar.cli import add_sidecar_commands

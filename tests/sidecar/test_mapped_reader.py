@@ -10,10 +10,11 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import BF16_LAYER, FP8_LAYER, FP8_ROWS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_build_and_read import _ids
 
-from conftest import BF16_LAYER, FP8_LAYER, FP8_ROWS
 from sglang_ssd_stream.sidecar import (
     IO_MODES,
     MappedReader,
@@ -27,8 +28,6 @@ from sglang_ssd_stream.sidecar import (
 )
 from sglang_ssd_stream.sidecar import mapped as mapped_mod
 from sglang_ssd_stream.sidecar.format import SidecarTable
-from test_build_and_read import _ids
-
 
 ALL = -1
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import BF16_LAYER, FP8_LAYER
+from test_build_and_read import _ids
+
+from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, native, open_reader
 from sglang_ssd_stream.staging import native_read
 from sglang_ssd_stream.staging.native_read import NativeBuildError, NativeRead
-from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, native, open_reader
-from test_build_and_read import _ids
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -114,7 +114,7 @@ def test_chunks_are_fetched_once_each_in_the_order_scheduled():
     want = [chunk(a, 0, CHUNK), chunk(a, CHUNK, 2 * CHUNK), chunk(b, 0, CHUNK), chunk(b, CHUNK, 2 * CHUNK),
             chunk(a, 2 * CHUNK, 3 * CHUNK), chunk(b, 2 * CHUNK, 2 * CHUNK + 10)]
     assert len(rec.calls) == len(want)
-    for got, w in zip(rec.calls, want):
+    for got, w in zip(rec.calls, want, strict=False):
         np.testing.assert_array_equal(got, w)
     p.close()
 

@@ -113,7 +113,8 @@ def load_plugins(monkeypatch, settings: dict[str, str], prepare=None) -> None:
     ``prepare(nvidia_module)`` runs after the reset, right before the loader."""
     import vllm.plugins
 
-    from vllm_ple_offload import plugin, post_import as hook
+    from vllm_ple_offload import plugin
+    from vllm_ple_offload import post_import as hook
 
     for k in list(os.environ):
         if k.startswith("VLLM_PLE_"):

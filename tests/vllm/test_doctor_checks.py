@@ -8,10 +8,11 @@ import warnings
 
 import pytest
 
-from vllm_ple_offload import doctor as preflight, env
 from sglang_ssd_stream.findings import errors_of
-from vllm_ple_offload.errors import PreflightFailed
+from vllm_ple_offload import doctor as preflight
+from vllm_ple_offload import env
 from vllm_ple_offload.doctor import ERROR, OK, WARNING, DiskFacts, Facts
+from vllm_ple_offload.errors import PreflightFailed
 
 GIB = 1 << 30
 PINNED = env.PleSettings(backend="pinned", sidecar=None, fetch_workers=24, rows_per_task=2048, stats_interval=0,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from sglang_ssd_stream.errors import EXIT_USAGE
 from vllm_ple_offload import env
 from vllm_ple_offload.errors import PleSettingsError
-from sglang_ssd_stream.errors import EXIT_USAGE
 
 
 def read(**kw):

@@ -168,7 +168,7 @@ def _after_mamba_state_scatter(mod):
             ran(f"{name} (torch)")
             steps = step_indices_raw.tolist()
             rows = src_indices_raw.tolist() if src_indices_raw is not None else list(range(len(steps)))
-            for d, st, r in zip(dst_indices_raw.tolist(), steps, rows):
+            for d, st, r in zip(dst_indices_raw.tolist(), steps, rows, strict=False):
                 if st >= 0 and 0 <= d < dst.shape[1] and r < src.shape[1] and st < src.shape[2]:
                     dst[:, int(d)] = src[:, int(r), int(st)]
         return fn
@@ -556,9 +556,9 @@ def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
     srcs, tgts = [int(i) for i in src_loc.tolist()], [int(i) for i in tgt_loc.tolist()]
     if len(srcs) != len(tgts):
         raise ValueError(f"copy_all_layer_kv_cache_cpu: {len(srcs)} sources for {len(tgts)} targets")
-    for base, stride in zip((int(b) for b in data_ptrs.tolist()), (int(s) for s in strides.tolist())):
+    for base, stride in zip((int(b) for b in data_ptrs.tolist()), (int(s) for s in strides.tolist()), strict=False):
         rows = [ctypes.string_at(base + s * stride, stride) for s in srcs]
-        for t, row in zip(tgts, rows):
+        for t, row in zip(tgts, rows, strict=False):
             ctypes.memmove(base + t * stride, row, stride)
 
 
@@ -570,7 +570,7 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
     if req_to_token.shape[1] != pool_len:
         raise ValueError(f"assign_req_to_token_pool_cpu: pool_len {pool_len} != row length {req_to_token.shape[1]}")
     at = 0
-    for row, lo, hi in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+    for row, lo, hi in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=False):
         n = int(hi) - int(lo)
         if n > 0:
             req_to_token[int(row), int(lo):int(hi)] = out_cache_loc[at:at + n].to(req_to_token.dtype)
@@ -584,7 +584,7 @@ def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_l
     ``seq_lens[i]`` on go to ``out_cache_loc[i * topk * num_steps:]``."""
     ran("assign_draft_cache_locs_contiguous_cpu")
     n = topk * num_steps
-    for i, (row, start) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+    for i, (row, start) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=False)):
         out_cache_loc[i * n:(i + 1) * n] = req_to_token[int(row), int(start):int(start) + n].to(out_cache_loc.dtype)
 
 
@@ -593,7 +593,7 @@ def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, e
     :func:`assign_req_to_token_pool_cpu`, ``req_to_token[row_i, start_i:end_i]`` back to back into ``out_cache_loc``."""
     ran("assign_extend_cache_locs_cpu")
     at = 0
-    for row, lo, hi in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+    for row, lo, hi in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=False):
         n = int(hi) - int(lo)
         if n > 0:
             out_cache_loc[at:at + n] = req_to_token[int(row), int(lo):int(hi)].to(out_cache_loc.dtype)

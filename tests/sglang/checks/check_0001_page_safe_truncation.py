@@ -17,7 +17,6 @@ from types import SimpleNamespace
 from unittest.mock import patch
 
 import pytest
-
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.io_struct import (
     GenerateReqInput,

@@ -19,10 +19,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
-
 import qsa_interpreter  # sibling module: shared interpreter fixes
-
+import torch
 from sglang.srt.layers.attention import qwen_sparse_attn_backend as backend_mod
 from sglang.srt.layers.attention.qsa import sparse_attn as sa
 from sglang.srt.layers.radix_attention import RadixAttention
@@ -129,7 +127,7 @@ def test_pack_descales_exactly():
     pk, pv = sa.pack_qsa_prefill_kv(k=k8, v=v8, req_to_token=r2t, req_indices=torch.tensor([2, 0, 1], dtype=torch.int32),
                                     cu_k=cu, total_k=sum(lens), max_k=max(lens), output_dtype=torch.bfloat16,
                                     k_scale=KS, v_scale=VS)
-    slots = torch.cat([r2t[r, :n].long() for r, n in zip((2, 0, 1), lens)])
+    slots = torch.cat([r2t[r, :n].long() for r, n in zip((2, 0, 1), lens, strict=False)])
     assert torch.equal(pk, (k8.float()[slots] * KS).bfloat16())
     assert torch.equal(pv, (v8.float()[slots] * VS).bfloat16())
 

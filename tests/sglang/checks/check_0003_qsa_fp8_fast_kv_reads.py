@@ -22,11 +22,9 @@ import sys
 import textwrap
 
 import pytest
-import torch
-
 import qsa_interpreter  # sibling module: shared interpreter fixes
+import torch
 import triton.language as tl
-
 from sglang.srt.layers.attention.qsa import sparse_attn as sa
 
 H_Q, H_KV, D = 16, 2, 64

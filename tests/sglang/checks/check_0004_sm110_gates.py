@@ -22,7 +22,6 @@ from unittest import mock
 
 import pytest
 import torch
-
 from sglang.srt import runtime_context
 from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.configs.qwen4_exp import Qwen4ExpConfig

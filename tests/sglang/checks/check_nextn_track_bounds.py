@@ -38,14 +38,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
-from hypothesis import HealthCheck, find, given, settings
-from hypothesis import strategies as st
-
 import sglang
 import sglang.kernels.ops.attention.linear.kda_replayssm_spec_decode as kda_commit
 import sglang.srt.speculative.eagle_utils as eagle_utils
 import sglang.srt.speculative.spec_utils as spec_utils
+import torch
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
 from sglang.kernels.ops.mamba import mamba_state_scatter_triton as scatter
 from sglang.kernels.ops.speculative import eagle as eagle_kernels
 from sglang.kernels.ops.speculative.reject_sampling import chain_speculative_sampling_triton

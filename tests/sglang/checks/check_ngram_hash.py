@@ -148,15 +148,15 @@ def test_chunked_prefill_then_decode_match(sg, data, small, chunk, decode_steps)
     pool = Pool(sg, n + 1, eos)
     slots = torch.arange(1, n + 1)
     pos = [0] * n
-    while any(p < len(t) for p, t in zip(pos, prompts)):
-        lens = [min(chunk, len(t) - p) for p, t in zip(pos, prompts)]
-        tokens = [x for t, p, k in zip(prompts, pos, lens) for x in t[p:p + k]]
+    while any(p < len(t) for p, t in zip(pos, prompts, strict=False)):
+        lens = [min(chunk, len(t) - p) for p, t in zip(pos, prompts, strict=False)]
+        tokens = [x for t, p, k in zip(prompts, pos, lens, strict=False) for x in t[p:p + k]]
         got = step(sg, emb, pool, sg.Mode.EXTEND, tokens, slots, lens)
         a = 0
-        for t, p, k in zip(prompts, pos, lens):
+        for t, p, k in zip(prompts, pos, lens, strict=False):
             np.testing.assert_array_equal(got[a:a + k].reshape(-1), ours.chunk_ids(t, p, p + k))
             a += k
-        pos = [p + k for p, k in zip(pos, lens)]
+        pos = [p + k for p, k in zip(pos, lens, strict=False)]
     seqs = [list(t) for t in prompts]
     for _ in range(decode_steps):
         new = data.draw(st.lists(st.one_of(st.integers(0, vocab - 1), st.just(eos)), min_size=n, max_size=n))

@@ -117,7 +117,7 @@ def test_cached_rows_identical_to_uncached_and_the_cache_serves_them(env, monkey
         assert 0 < cache.capacity < hi - lo
         assert cache.working_set_bytes <= 9 << 20
     got = [B._gather(cached.ngram.ngram_embedding, ids) for ids in lookups]
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=False):
         assert torch.equal(g.view(torch.int16), e.view(torch.int16))  # bit for bit, other ranks' rows zero
     st = cache.stats
     assert st["calls"] == len(lookups) and st["lookups"] > 0 and st["hits"] > 0, st
@@ -171,8 +171,8 @@ def test_a_budget_that_holds_no_row_is_refused_naming_the_knob(env, monkeypatch)
 
 def test_a_cache_that_cannot_be_built_stops_the_load(env, monkeypatch, tmp_path):
     """Fatal on failure: no silent fallback to the uncached reader."""
-    from sglang_ssd_stream.sidecar import row_cache
     from sglang_ssd_stream.sglang.hooks import SidecarHookError
+    from sglang_ssd_stream.sidecar import row_cache
 
     monkeypatch.setattr(row_cache, "_lib", None)
     monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
@@ -246,12 +246,11 @@ def _manager():
 
 
 def test_scheduler_hooks_land_on_the_real_targets(env):
+    import sglang.srt.managers.scheduler as scheduler
     from sglang.srt.mem_cache import common
     from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import NgramEmbeddingManager
 
     from sglang_ssd_stream.sglang import hooks
-
-    import sglang.srt.managers.scheduler as scheduler
 
     assert hooks._installed
     hooked = NgramEmbeddingManager.__dict__["prepare_for_forward"]

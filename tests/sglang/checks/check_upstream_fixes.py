@@ -21,7 +21,6 @@ from unittest import mock
 import pytest
 import torch
 import zmq
-
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers import tokenizer_manager as tm
 from sglang.srt.managers.io_struct import AbortReq

@@ -159,7 +159,7 @@ def test_fp8_launch_runs_the_measured_compile(qsa, sm110, monkeypatch, rows, pre
     rejected = [c for c in calls.compiles if tile(c) != tile(kw)]
     assert rejected and all(shared(c) > LIMIT for c in rejected)
     steps = [(c["BLOCK_N"], c["num_warps"]) for c in calls.compiles]
-    for (n0, w0), (n1, w1) in zip(steps, steps[1:]):
+    for (n0, w0), (n1, w1) in zip(steps, steps[1:], strict=False):
         assert (n1, w1) == ((max(16, n0 // 2), w0) if n0 > 16 else (n0, w0 // 2))
     # Memoized: the same shape again compiles and measures nothing, and launches the same kernel.
     compiles = len(calls.compiles)

@@ -27,7 +27,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_ssd_stream.sidecar.ngram import NGramHash, qwen38_flash_next
-
 from tests.vllm import harness
 
 VOCAB, EOS = 151_936, 151_645

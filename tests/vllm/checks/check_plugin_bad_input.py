@@ -179,7 +179,8 @@ def test_corrupted_sidecar_is_also_refused_at_a_fresh_model_import(tmp_path, sid
 
 
 def test_no_verify_is_the_explicit_opt_out(monkeypatch, sidecar, caplog):
-    from vllm_ple_offload import doctor, post_import as hook
+    from vllm_ple_offload import doctor
+    from vllm_ple_offload import post_import as hook
     from vllm_ple_offload.embedding import StreamedPLEEmbedding
 
     flip_middle_byte(sidecar)
@@ -230,7 +231,8 @@ def test_unknown_variable_stops_the_process(monkeypatch, sidecar):
 # The runtime guard (issue 16 item 8): what the plugin's own hook sees when vLLM runs it.
 
 def test_watched_functions_pass_as_released(monkeypatch, sidecar):
-    from vllm_ple_offload import post_import as hook, runtime_guard
+    from vllm_ple_offload import post_import as hook
+    from vllm_ple_offload import runtime_guard
 
     harness.load_plugins(monkeypatch, streaming(sidecar))
     for module in ("vllm.models.qwen4_exp.common.ngram_embedding", "vllm.models.qwen4_exp.common.ple",

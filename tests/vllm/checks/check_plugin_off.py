@@ -29,13 +29,14 @@ def test_entry_point_is_declared():
 
 
 def test_plugin_runs_and_changes_nothing(monkeypatch):
-    from vllm_ple_offload import plugin, post_import as hook
+    from vllm_ple_offload import plugin
+    from vllm_ple_offload import post_import as hook
 
     harness.load_plugins(monkeypatch, {})
     assert plugin._registered  # vLLM called register()
     assert hook._finder is None and not hook._callbacks
     heavy = {"vllm_ple_offload.activate", "vllm_ple_offload.embedding", "vllm_ple_offload.streaming",
-             "vllm_ple_offload.doctor", "vllm_ple_offload.doctor"}
+             "vllm_ple_offload.doctor"}
     assert not heavy & set(sys.modules)
     ne, common = harness.modules()
     assert ne.Qwen4ExpPLEPinnedHostEmbedding is common.Qwen4ExpPLEPinnedHostEmbedding

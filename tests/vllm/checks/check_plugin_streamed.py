@@ -160,7 +160,7 @@ def streamed(tmp_path, monkeypatch, request):
     """The real embedding (plugin-selected) of an FP8 sidecar, its checkpoint scale loaded."""
     backend, mode, *cache = request.param
     cfg, lay, table, manifest = make_sidecar(tmp_path, "float8_e4m3fn", seed=5)
-    harness.load_plugins(monkeypatch, {**settings(backend, manifest), **{"VLLM_PLE_ROW_CACHE_MB": c for c in cache}})
+    harness.load_plugins(monkeypatch, {**settings(backend, manifest), **({"VLLM_PLE_ROW_CACHE_MB": cache[0]} if cache else {})})
     model = harness.build(cfg, cudagraph_mode=mode)
     model.load_weights([("ngram_embedding.weight_scale", torch.tensor([0.5], dtype=torch.float32))])
     return model.ngram_embedding, lay, table
@@ -315,7 +315,8 @@ def test_engram_cpu_offload_false_contradicts_the_switch(tmp_path, monkeypatch):
 
 
 def test_register_is_idempotent(tmp_path, monkeypatch):
-    from vllm_ple_offload import plugin, post_import as hook
+    from vllm_ple_offload import plugin
+    from vllm_ple_offload import post_import as hook
 
     _, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
     harness.load_plugins(monkeypatch, settings("mmap", manifest))

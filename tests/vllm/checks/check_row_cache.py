@@ -102,7 +102,7 @@ def test_cache_on_and_off_give_the_same_rows(tmp_path, monkeypatch, runners, bac
             assert stats["lookups"] == sum(ids.numel() for _, ids in results[cache_mb])
             assert stats["hits"] >= stats["lookups"] // 2  # the second pass: every row is cached (the table fits)
             assert emb.row_cache.capacity == lay.rows  # a whole-range cache: the share is capped at the table
-    for (off, ids), (on, _) in zip(results["0"], results["64"]):
+    for (off, ids), (on, _) in zip(results["0"], results["64"], strict=False):
         assert np.array_equal(off, on) and np.array_equal(on, harness.rows_of(table, ids))
 
 

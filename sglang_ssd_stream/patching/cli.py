@@ -13,9 +13,9 @@ from pathlib import Path
 from ..errors import EXIT_CHANGED, EXIT_ENVIRONMENT, EXIT_OK, EXIT_REFUSED, KitError
 from . import commands
 from .engines import ENGINES
+from .signals import Interrupted, deferred_signals
 from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN
 from .target import from_python, from_site_packages
-from .transaction import Interrupted, deferred_signals
 
 EXIT_CODES_HELP = """exit codes:
   0  success (verify: every file is patched)

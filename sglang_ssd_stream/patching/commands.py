@@ -26,10 +26,11 @@ from ..errors import (
     UnsupportedRelease,
 )
 from .diff import apply_file, load_patch, upstream_status
+from .journal import StateView
 from .manifest import Manifest, known_manifests
 from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN, FileState, sha256_bytes, survey
 from .target import Target
-from .transaction import ROLLED_BACK, StateView, Transaction, Write
+from .transaction import ROLLED_BACK, Transaction, Write
 
 
 @dataclass

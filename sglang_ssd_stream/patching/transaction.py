@@ -24,79 +24,33 @@ writing nothing) and apply, revert or recover roll the files back to pristine fr
 Past the commit point nothing is rolled back: a signal there is honoured once the command has
 reported the change (exit 7).
 
-A process killed outright (SIGKILL, power loss) also leaves the journal, handled the same way. A
-journal is trusted only after it is checked against the release's manifest (schema, safe paths,
-known files and hashes) and only when rolling its files back leaves every patch group whole (each
-patch held by all of its files or by none); backups are looked up by content hash only and re-hashed when read.
+A process killed outright (SIGKILL, power loss) also leaves the journal, handled the same way.
+
+The rooms of this floor: ``journal`` (the state directory read-only: layout, backups, leftovers, the
+journal and its trust rules), ``lock``, ``signals``, ``recovery`` (rolling a journal back), and this
+module, the write transaction that combines them.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import signal
-import stat
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadKitData, ChangedButUnfinished, EnvironmentProblem, KitError, LockHeld, RefusedSourceState
-from .files import NotAFile, errno_text, open_parent, parse_json, read_at
-from .manifest import FileEntry, Manifest, safe_relative_path
+from ..errors import ChangedButUnfinished, EnvironmentProblem, KitError, RefusedSourceState
+from .files import NotAFile, errno_text, read_at
+from .journal import JOURNAL, JOURNAL_VERSION, O_DIR, O_NEW, ORIG_SUFFIX, TMP_SUFFIX, StateView, _regular_or_link
+from .lock import Locking
+from .manifest import Manifest
+from .recovery import Recovery
+from .signals import SIGNALS, Interrupted, _deferred
 from .state import open_site, sha256_bytes
 
-STATE_DIR = ".sglang-ssd-stream"
-TMP_SUFFIX = ".sglang-ssd-stream-tmp"
-ORIG_SUFFIX = ".sglang-ssd-stream-orig"
-JOURNAL = "journal.json"
-JOURNAL_VERSION = 1
-MAX_JOURNAL_BYTES = 1 << 20
-O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 ROLLED_BACK = "rolled back: every file is as it was. Nothing was changed."
-
-
-# A write command's signals, recorded for its whole run (the CLI's deferred_signals): one received before
-# a Transaction starts stops it at its first step; one after the commit point is handed back here.
-_deferred: dict = {"on": False, "signum": None}
-
-
-@contextmanager
-def deferred_signals():
-    """SIGINT/SIGTERM recorded instead of raised while a write command runs (main thread only);
-    yields a callable returning the signal received (None if none)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: None
-        return
-
-    def record(signum, frame):
-        if _deferred["signum"] is None:
-            _deferred["signum"] = signum
-
-    previous = {s: signal.signal(s, record) for s in SIGNALS}
-    _deferred.update(on=True, signum=None)
-    try:
-        yield lambda: _deferred["signum"]
-    finally:
-        _deferred["on"] = False
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-class Interrupted(KitError):
-    """SIGINT or SIGTERM stopped a patch command; the exit code is the shell's 128 + signal."""
-
-    def __init__(self, message: str, signum: int = int(signal.SIGINT)):
-        super().__init__(message)
-        self.signum = int(signum)
-        self.exit_code = 128 + self.signum
-
-    def __reduce__(self):
-        return self.__class__, (self.message, self.signum)
 
 
 @dataclass(frozen=True)
@@ -112,210 +66,7 @@ class Write:
     gid: int
 
 
-def _regular_or_link(dir_fd: int, name: str) -> bool:
-    """True when ``name`` exists as something we may unlink as a leftover of ours."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)
-
-
-class StateView:
-    """Read-only view of one install's state directory (no lock; creates nothing)."""
-
-    def __init__(self, site_packages: Path, manifest: Manifest):
-        self.site = site_packages
-        self.manifest = manifest
-        self.engine = manifest.engine
-        self.dir = site_packages / STATE_DIR / self.engine.name
-        self.journal = self.dir / JOURNAL
-        self.backups = self.dir / "backups"
-        self._site_fd: int | None = None
-        self._state_fds: list[int] = []  # .sglang-ssd-stream, <engine>, backups (as far as they exist)
-        self._target_dirs: dict[str, tuple[int, str]] = {}
-
-    # --- descriptors
-    def __enter__(self):
-        self._site_fd = open_site(self.site)
-        try:
-            self._open_state(create=False)
-        except BaseException:
-            self._close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        for fd, _ in self._target_dirs.values():
-            os.close(fd)
-        self._target_dirs.clear()
-        for fd in self._state_fds:
-            os.close(fd)
-        self._state_fds.clear()
-        if self._site_fd is not None:
-            os.close(self._site_fd)
-            self._site_fd = None
-
-    def _state_names(self) -> tuple[str, ...]:
-        return STATE_DIR, self.engine.name, "backups"
-
-    def _open_state(self, create: bool) -> None:
-        parent = self._site_fd
-        for depth, name in enumerate(self._state_names()):
-            label = "/".join(self._state_names()[:depth + 1])
-            try:
-                fd = os.open(name, O_DIR, dir_fd=parent)
-            except FileNotFoundError:
-                if not create:
-                    return
-                self._mkdir(parent, name, label)
-                fd = os.open(name, O_DIR, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise RefusedSourceState(
-                        f"{self.site / label} is not a directory of ours (a symlink or a file); refusing to "
-                        f"read or write through it. Nothing was changed.") from None
-                raise EnvironmentProblem(f"cannot open {self.site / label}: {errno_text(exc)}. "
-                                         f"Nothing was changed.") from None
-            self._state_fds.append(fd)
-            parent = fd
-
-    def _mkdir(self, parent: int, name: str, label: str) -> None:
-        raise AssertionError("read-only view")
-
-    @property
-    def _engine_fd(self) -> int | None:
-        return self._state_fds[1] if len(self._state_fds) > 1 else None
-
-    @property
-    def _backups_fd(self) -> int | None:
-        return self._state_fds[2] if len(self._state_fds) > 2 else None
-
-    def _target_dir(self, rel: str) -> tuple[int, str]:
-        """(directory descriptor, file name) of a manifest path, walked without following symlinks."""
-        if rel not in self._target_dirs:
-            self._target_dirs[rel] = open_parent(self._site_fd, rel, what=rel)
-        return self._target_dirs[rel]
-
-    # --- what is there
-    def journal_exists(self) -> bool:
-        fd = self._engine_fd
-        if fd is None:
-            return False
-        try:
-            os.stat(JOURNAL, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return True
-
-    def leftovers(self) -> list[tuple[int, str, str]]:
-        """Temps and side links an interrupted command left: (dir fd, name, label)."""
-        out = []
-        for fd, label in ((self._engine_fd, f"{STATE_DIR}/{self.engine.name}"),
-                          (self._backups_fd, f"{STATE_DIR}/{self.engine.name}/backups")):
-            if fd is None:
-                continue
-            for name in os.listdir(fd):
-                if name.endswith(TMP_SUFFIX) and _regular_or_link(fd, name):
-                    out.append((fd, name, f"{label}/{name}"))
-        for entry in self.manifest.files:
-            try:
-                fd, name = self._target_dir(entry.path)
-            except (OSError, NotAFile):
-                continue  # the survey reports a missing or odd directory
-            for suffix in (TMP_SUFFIX, ORIG_SUFFIX):
-                if _regular_or_link(fd, name + suffix):
-                    out.append((fd, name + suffix, entry.path + suffix))
-        return out
-
-    def read_backup(self, sha: str, rel: str) -> bytes:
-        fd = self._backups_fd
-        try:
-            if fd is None:
-                raise FileNotFoundError
-            data, _ = read_at(fd, sha, what=f"backup {sha}")
-        except FileNotFoundError:
-            raise RefusedSourceState(
-                f"no backup of the pristine {rel} (SHA-256 {sha}) in {self.backups}; restore the engine with "
-                f"pip install --force-reinstall --no-deps {self.engine.distribution}=={self.manifest.release}"
-            ) from None
-        except NotAFile as exc:
-            raise RefusedSourceState(f"backup {self.backups / sha} of {rel} {exc}; refusing it") from None
-        except OSError as exc:
-            raise EnvironmentProblem(f"cannot read backup {self.backups / sha}: {errno_text(exc)}") from None
-        if sha256_bytes(data) != sha:
-            raise RefusedSourceState(f"backup {self.backups / sha} of {rel} is corrupt (SHA-256 "
-                                     f"{sha256_bytes(data)}, expected {sha})")
-        return data
-
-    def has_backup(self, sha: str) -> bool:
-        try:
-            self.read_backup(sha, sha)
-        except RefusedSourceState:
-            return False
-        return True
-
-    # --- the journal, trusted only after it is checked against the manifest
-    def load_journal(self) -> tuple[str, list[tuple[FileEntry, str, str]]] | None:
-        """(op, [(manifest entry, before, after)]) of a pending journal; None when there is none."""
-        fd = self._engine_fd
-        if fd is None:
-            return None
-        try:
-            raw, _ = read_at(fd, JOURNAL, what=str(self.journal), limit=MAX_JOURNAL_BYTES)
-        except FileNotFoundError:
-            return None
-        except NotAFile as exc:
-            self._bad_journal(f"it {exc}")
-        except OSError as exc:
-            raise EnvironmentProblem(f"cannot read {self.journal}: {errno_text(exc)}") from None
-        doc = parse_json(raw, f"journal {self.journal}", error=RefusedSourceState)
-        keys = {"version", "op", "engine", "release", "files"}
-        if not isinstance(doc, dict) or set(doc) != keys:
-            self._bad_journal(f"expected an object with exactly {sorted(keys)}")
-        if doc["version"] != JOURNAL_VERSION or type(doc["version"]) is not int:
-            self._bad_journal(f"version {doc['version']!r}, this kit writes {JOURNAL_VERSION}")
-        if doc["op"] not in ("apply", "revert"):
-            self._bad_journal(f"op {doc['op']!r}")
-        if doc["engine"] != self.engine.name or doc["release"] != self.manifest.release:
-            self._bad_journal(f"it is for {doc['engine']!r} {doc['release']!r}, not {self.engine.name} "
-                              f"{self.manifest.release}")
-        files = doc["files"]
-        if not isinstance(files, list) or not files or len(files) > len(self.manifest.files):
-            self._bad_journal("files must be a non-empty list no longer than the manifest's")
-        out, seen = [], set()
-        for i, f in enumerate(files):
-            where = f"files[{i}]"
-            if not isinstance(f, dict) or set(f) != {"path", "before", "after", "pristine"}:
-                self._bad_journal(f"{where} must have exactly path, before, after, pristine")
-            try:
-                rel = safe_relative_path(f["path"], package=self.engine.package, where=where)
-            except BadKitData as exc:
-                self._bad_journal(exc.message)
-            try:
-                entry = self.manifest.file(rel)
-            except KeyError:
-                self._bad_journal(f"{where}: {rel!r} is not a file of the {self.manifest.release} manifest")
-            known = (entry.pristine, entry.patched)  # what a command writes; it may start from an earlier state
-            if f["pristine"] != entry.pristine or f["after"] not in known or f["before"] == f["after"] \
-                    or (f["before"] not in known and entry.earlier_state(f["before"]) is None) or rel in seen:
-                self._bad_journal(f"{where}: the hashes of {rel} are not the manifest's (or it is listed twice)")
-            seen.add(rel)
-            out.append((entry, f["before"], f["after"]))
-        return doc["op"], out
-
-    def _bad_journal(self, why: str):
-        raise RefusedSourceState(
-            f"refusing the interrupted-transaction journal {self.journal}: {why}. This kit did not write it "
-            f"(or wrote it for other kit data); nothing was changed. If no patch command was interrupted, delete "
-            f"it; otherwise reinstall the engine (pip install --force-reinstall --no-deps "
-            f"{self.engine.distribution}=={self.manifest.release}) and apply again.")
-
-
-class Transaction(StateView):
+class Transaction(Locking, Recovery, StateView):
     """The lock, backups, journal and writes of one engine install (a context manager)."""
 
     def __init__(self, site_packages: Path, manifest: Manifest, *, create: bool = False):
@@ -414,53 +165,6 @@ class Transaction(StateView):
         self._step(f"mkdir {label}")
         os.mkdir(name, 0o755, dir_fd=parent)
         self._created.append((parent, name, True))
-
-    def _lock(self) -> None:
-        fd_dir = self._engine_fd
-        label = f"{STATE_DIR}/{self.engine.name}/lock"
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        for _ in range(3):
-            created = False
-            self._step_name = f"open {label}"  # named in the error when the open itself fails
-            try:
-                try:
-                    fd = os.open("lock", flags, dir_fd=fd_dir)
-                except FileNotFoundError:
-                    self._step(f"create {label}")
-                    try:
-                        fd = os.open("lock", flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd_dir)
-                        created = True
-                    except FileExistsError:
-                        continue  # another installer made it just now: open that one
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise RefusedSourceState(f"{self.dir / 'lock'} is a symlink; refusing to open it. "
-                                             f"Nothing was changed.") from None
-                if exc.errno == errno.EISDIR:
-                    raise RefusedSourceState(f"{self.dir / 'lock'} is not a regular file (a directory); refusing "
-                                             f"it. Nothing was changed.") from None
-                raise
-            if created:
-                self._created.append((fd_dir, "lock", False))
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                os.close(fd)
-                raise RefusedSourceState(f"{self.dir / 'lock'} is not a regular file; refusing it. Nothing was changed.")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise LockHeld(f"another installer holds {self.dir / 'lock'}; wait for it to finish") from None
-            # A rolled-back installer removes a lock file it created: make sure ours is still the named one.
-            try:
-                now = os.stat("lock", dir_fd=fd_dir, follow_symlinks=False)
-            except FileNotFoundError:
-                now = None
-            if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-                self._lock_fd = fd
-                return
-            os.close(fd)
-        raise LockHeld(f"the lock {self.dir / 'lock'} keeps being replaced; is another installer running?")
 
     def _undo_created(self) -> list[str]:
         """Remove what this transaction created in the state directory (newest first)."""
@@ -688,90 +392,3 @@ class Transaction(StateView):
         if now != w.after:
             raise RefusedSourceState(f"{w.rel} changed during the rollback (SHA-256 {now}); left as it is")
         self._atomic(dir_fd, name, w.rel, w.original, w.mode, w.uid, w.gid)
-
-    # --- recovery of a journal left by a killed process or a failed rollback
-    def recover(self) -> list[str]:
-        """Roll an interrupted apply/revert back to pristine; returns what was restored.
-
-        Without a journal, only removes leftover temps and side links of ours.
-        """
-        record = self.load_journal()
-        try:
-            return self._recover(record)
-        except OSError as exc:
-            what = (f"the journal {self.journal} is kept, and the files may be mixed, which every command refuses "
-                    f"to use" if record is not None else "nothing was changed")
-            raise EnvironmentProblem(
-                f"cannot finish the rollback of an interrupted patch command: cannot {self._step_name}: "
-                f"{errno_text(exc)}; {what}. Once the fault is gone, run `{self.engine.tool} patch recover` with "
-                f"write access: it rolls every file back to pristine.") from None
-
-    def _recover(self, record) -> list[str]:
-        for fd, name, label in self.leftovers():
-            self._unlink(fd, name, f"leftover {label}")
-        if record is None:
-            return []
-        _op, entries = record
-        plan = []  # (entry, dir fd, name, stat) of each file to roll back
-        for entry, before, after in entries:
-            current, st = self._current(entry)
-            if current == entry.pristine:
-                continue
-            if current not in (before, after):
-                raise RefusedSourceState(f"{entry.path} changed since an interrupted transaction (SHA-256 "
-                                         f"{current}); refusing to recover over it. Nothing was changed.")
-            plan.append(entry)
-        self._refuse_mixed_groups({e.path for e, _b, _a in entries})
-        restored = []
-        # A roll forward to pristine: a signal now waits until every file is back (then the next step, or the
-        # command's end, honours it), so an interruption never leaves fewer files pristine than it found.
-        self._deferring = True
-        try:
-            for entry in plan:
-                dir_fd, name = self._target_dir(entry.path)
-                _current, st = self._current(entry)
-                pristine = self.read_backup(entry.pristine, entry.path)
-                self._atomic(dir_fd, name, entry.path, pristine, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-                self._drop_bytecode(entry.path)
-                restored.append(entry.path)
-            self._unlink(self._engine_fd, JOURNAL, "journal")
-        finally:
-            self._deferring = False
-        self.committed = True
-        self._sync_after_commit()
-        return restored
-
-    def _current(self, entry: FileEntry) -> tuple[str | None, os.stat_result | None]:
-        """SHA-256 and stat of a target now (None, None when missing); an odd file or path is refused."""
-        try:
-            dir_fd, name = self._target_dir(entry.path)
-            data, st = read_at(dir_fd, name, what=entry.path)
-        except FileNotFoundError:
-            return None, None
-        except NotAFile as exc:
-            raise RefusedSourceState(f"{exc} since an interrupted transaction; refusing to recover over it. "
-                                     f"Nothing was changed.") from None
-        return sha256_bytes(data), st
-
-    def _refuse_mixed_groups(self, rolled_back: set[str]) -> None:
-        """A recovery must leave every patch group whole (each file holding the patch, or none): the
-        journal's files end pristine, every other file keeps its state. A journal that would split a
-        group is refused."""
-        ends = {}
-        for entry in self.manifest.files:
-            ends[entry.path] = entry.pristine if entry.path in rolled_back else self._current(entry)[0]
-        def word(e: FileEntry) -> str:
-            sha = ends[e.path]
-            return ("pristine" if sha == e.pristine else "patched" if sha == e.patched
-                    else "outdated" if e.earlier_state(sha) else "unknown")
-
-        for patch in self.manifest.patches:
-            group = [e for e in self.manifest.files if patch.id in e.patches]
-            held = {e.path: e.holds(ends[e.path], patch.id) for e in group}
-            if len(set(held.values())) > 1:
-                raise RefusedSourceState(
-                    f"refusing the journal {self.journal}: rolling back its files would leave patch group "
-                    f"{patch.id} mixed ({', '.join(f'{e.path} {word(e)}' for e in group)}). A journal this "
-                    f"kit writes lists every file its command changes. Nothing was changed; reinstall the engine (pip install "
-                    f"--force-reinstall --no-deps {self.engine.distribution}=={self.manifest.release}), delete the "
-                    f"journal, and apply again.")

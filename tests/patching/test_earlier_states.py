@@ -133,7 +133,8 @@ def test_a_journal_that_started_from_an_earlier_state_is_recovered(kit):
     kit.path(A).write_text(kit.files[A][0])
     kit.site.joinpath(*STATE, "journal.json").write_text(json.dumps({
         "version": 1, "op": "apply", "engine": "sglang", "release": "0.5.23", "files": [
-            {"path": A, "before": sha(kit.files[A][0]), "after": sha(kit.files[A][1]), "pristine": sha(kit.files[A][0])},
+            {"path": A, "before": sha(kit.files[A][0]), "after": sha(kit.files[A][1]),
+             "pristine": sha(kit.files[A][0])},
             {"path": B, "before": sha(B_EARLIER), "after": sha(B_PATCHED), "pristine": sha(B_PRISTINE)}]}))
     rc, out, err = run_cli(kit, "recover")
     assert rc == EXIT_OK, err

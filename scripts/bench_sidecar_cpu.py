@@ -195,7 +195,8 @@ def main(argv=None) -> int:
     result = {
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-                    "filesystem": filesystem_type(d), "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
+                    "filesystem": filesystem_type(d),
+                    "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
         "table": {"rows": rows, "row_bytes": COLS, "bytes": rows * COLS},
         "queue_depth": args.qd,
         "fio": fio_res,

@@ -95,7 +95,8 @@ def frequency_curve(values: np.ndarray) -> dict:
     checkpoints = sorted({int(c) for c in np.geomspace(1000, n, 20).astype(np.int64)} | {n})
     return {
         "lookups": int(n), "distinct": int(d), "compulsory_fraction": d / n,
-        "zipf_exponent_head": zipf_fit(desc, 1, 1000), "zipf_exponent_body": zipf_fit(desc, 100, int((counts >= 2).sum())),
+        "zipf_exponent_head": zipf_fit(desc, 1, 1000),
+        "zipf_exponent_body": zipf_fit(desc, 100, int((counts >= 2).sum())),
         "rank_frequency": [[r, int(desc[r - 1])] for r in ranks],
         "share_of_lookups_to_hottest_percent_of_rows": share,
         "rows_seen_k_times": k_counts,

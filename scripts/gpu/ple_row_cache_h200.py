@@ -135,7 +135,8 @@ def row_cache(path: Path, rows: int, dtype: str, budget_mib: int, *, lo=None, hi
         return allocate_registered(nbytes, label="PLE row cache")
 
     allocate = registered_memory if registered else None
-    reader = SidecarReader(table_of(path, rows, dtype), vocab_start=lo, vocab_end=hi, max_rows=max_rows, workers=workers)
+    reader = SidecarReader(table_of(path, rows, dtype), vocab_start=lo, vocab_end=hi, max_rows=max_rows,
+                           workers=workers)
     return RowCache.for_budget(reader, budget_mib * MIB, allocate=allocate, workers=workers)
 
 
@@ -214,7 +215,8 @@ def check_bitexact(kernel, tables: dict, args, device: str) -> list[dict]:
         for mode in (("uva", "h2d") if cuda else ("uva",)):
             cache = row_cache(path, rows, dtype, args.budget_mib, lo=lo, hi=hi, max_rows=max(sizes),
                               workers=args.workers, registered=cuda)
-            g = gather_of(cache, dtype, device, mode=mode, capacity_rows=max(sizes), graph_rows=max(sizes) if cuda else 0)
+            g = gather_of(cache, dtype, device, mode=mode, capacity_rows=max(sizes),
+                          graph_rows=max(sizes) if cuda else 0)
             rng = np.random.default_rng(7)
             for n in sizes:
                 ids = torch.from_numpy(rng.integers(0, rows, n)).to(device)
@@ -343,7 +345,8 @@ def cold_prefill(path: Path, rows: int, tokens: np.ndarray, args, device: str, i
                    "exposed_vs_compute": statistics.median(exposed) / compute if compute else None,
                    "distinct_rows_per_chunk": [int(x.size) for x in need], "pages_read": reads,
                    "pages_read_per_chunk": reads / args.chunks, "rows_read": int(st["rows_read"] - st0["rows_read"]),
-                   "prefetch_hits": int(st["prefetch_hits"] - st0["prefetch_hits"]), "waits": int(st["waits"] - st0["waits"])}
+                   "prefetch_hits": int(st["prefetch_hits"] - st0["prefetch_hits"]),
+                   "waits": int(st["waits"] - st0["waits"])}
             if iops:
                 row["disk_ms_per_chunk_at_fio_iops"] = reads / args.chunks / iops * 1e3
                 row["disk_keeps_up"] = row["disk_ms_per_chunk_at_fio_iops"] <= compute
@@ -433,7 +436,8 @@ def warm_prefill(kernel, path: Path, rows: int, tokens: np.ndarray, args, device
     print(f"warm prefill ({workers} workers, lookup after {first} layers): exposed "
           f"{res['row_cache_exposed_ms']:.3f} ms of a {res['layer_only_ms']:.3f} ms layer; host read alone "
           f"{res['host_read_ms']:.3f} ms, lookup alone {res['lookup_alone_ms']:.3f} ms, read beside the layer "
-          f"{res['beside_layer_read_ms']:.3f} ms; sglang in RAM exposed {res.get('sglang_in_ram_exposed_ms', 0):.3f} ms",
+          f"{res['beside_layer_read_ms']:.3f} ms; sglang in RAM exposed "
+          f"{res.get('sglang_in_ram_exposed_ms', 0):.3f} ms",
           flush=True)
     return res
 
@@ -443,7 +447,8 @@ def decode_graphs(path: Path, rows: int, args) -> list[dict]:
     from ple_stream_h200 import gpu_time_ms, time_ms
 
     layer, _ = layer_fn(args.decode_layer_ms, "cuda")
-    cache = row_cache(path, rows, "float8_e4m3fn", args.budget_mib, max_rows=1024, workers=args.workers, registered=True)
+    cache = row_cache(path, rows, "float8_e4m3fn", args.budget_mib, max_rows=1024, workers=args.workers,
+                      registered=True)
     g = gather_of(cache, "float8_e4m3fn", "cuda", mode="h2d", capacity_rows=1024, graph_rows=1024)
     res = []
     for n in (16, 64, 256, 1024):
@@ -474,7 +479,8 @@ def decode_graphs(path: Path, rows: int, args) -> list[dict]:
         r["exposed_ms"] = max(0.0, r["with_lookup_ms"] - r["layer_only_ms"])
         r["exposed_sleeping_ms"] = max(0.0, r["with_lookup_sleeping_ms"] - r["layer_only_sleeping_ms"])
         res.append(r)
-        print(f"decode graph {n} rows: exposed {r['exposed_ms']:.3f} / sleeping {r['exposed_sleeping_ms']:.3f} ms", flush=True)
+        print(f"decode graph {n} rows: exposed {r['exposed_ms']:.3f} / sleeping {r['exposed_sleeping_ms']:.3f} ms",
+              flush=True)
     g.close()
     return res
 
@@ -559,7 +565,8 @@ def long_prompt(stats_path: str | None, iops: float | None, tok_s: float, tokens
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--qwen4-exp", type=Path, help="a copy of sglang 0.5.23 srt/models/qwen4_exp.py (the reference kernel)")
+    ap.add_argument("--qwen4-exp", type=Path,
+                    help="a copy of sglang 0.5.23 srt/models/qwen4_exp.py (the reference kernel)")
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp/ple-row-cache"))
     ap.add_argument("--table-gib", type=float, default=4.0)
     ap.add_argument("--bitexact-mib", type=float, default=64.0, help="size of each bit-exact table (fp8 and bf16)")

@@ -355,7 +355,8 @@ def captured_overlap(kernel, g: SidecarGather, pinned: torch.Tensor, rows: int, 
         res[f"{name}_main_sleeps_ms"] = statistics.median(gpu_time_ms(graph.replay, reps, sleep_s=0.005))
     for name in ("sglang_pinned_uva", "sidecar"):
         res[f"{name}_exposed_ms"] = max(0.0, res[f"{name}_ms"] - res["layer_only_ms"])
-        res[f"{name}_main_sleeps_exposed_ms"] = max(0.0, res[f"{name}_main_sleeps_ms"] - res["layer_only_main_sleeps_ms"])
+        res[f"{name}_main_sleeps_exposed_ms"] = max(0.0,
+                                                    res[f"{name}_main_sleeps_ms"] - res["layer_only_main_sleeps_ms"])
     return res
 
 
@@ -416,7 +417,8 @@ class _Phases:
         if not self.samples:
             return {}
         cols = list(zip(*self.samples, strict=False))
-        return {k: statistics.median(c) * 1e3 for k, c in zip(("ids_wait", "read", "convert_launch"), cols, strict=False)}
+        return {k: statistics.median(c) * 1e3
+                for k, c in zip(("ids_wait", "read", "convert_launch"), cols, strict=False)}
 
 
 def overlap(kernel, path, rows, pinned, args) -> list[dict]:
@@ -509,7 +511,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-layer-ms", type=float, default=0.25, help="simulated decoder layer, decode step")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--skip-timing", action="store_true", help="bit-exactness checks only")
-    ap.add_argument("--skip-overlap", action="store_true", help="no eager overlap timing (captured-read latency still runs)")
+    ap.add_argument("--skip-overlap", action="store_true",
+                    help="no eager overlap timing (captured-read latency still runs)")
     ap.add_argument("--skip-latency", action="store_true", help="no captured-read latency sweep")
     ap.add_argument("--only-prefill", action="store_true", help="eager overlap: the 2,048-token chunk only")
     ap.add_argument("--skip-decode-graphs", action="store_true", help="no decode-graph overlap")
@@ -536,10 +539,12 @@ def main(argv=None) -> int:
     bf16 = d / "ple-bf16.bin"
     make_table(bf16, rows16, COLS * 2)
     tables = {"float8_e4m3fn": (fp8, rows8, COLS, pinned_table(fp8, rows8, COLS, torch.float8_e4m3fn)),
-              "bfloat16": (bf16, rows16, COLS * 2, pinned_table(bf16, rows16, COLS * 2, torch.bfloat16).view(rows16, COLS))}
+              "bfloat16": (bf16, rows16, COLS * 2,
+                           pinned_table(bf16, rows16, COLS * 2, torch.bfloat16).view(rows16, COLS))}
     correctness: list[dict] = []
     ok = check_bitexact(kernel, tables, args, correctness)
-    timings = [] if args.skip_timing or args.skip_overlap else overlap(kernel, fp8, rows8, tables["float8_e4m3fn"][3], args)
+    timings = ([] if args.skip_timing or args.skip_overlap
+               else overlap(kernel, fp8, rows8, tables["float8_e4m3fn"][3], args))
     decode_graphs = []
     if not args.skip_timing and not args.skip_decode_graphs:
         reader = open_reader(_table(fp8, rows8, "float8_e4m3fn"), args.io[0], max_rows=4096, workers=args.workers)
@@ -549,8 +554,8 @@ def main(argv=None) -> int:
                                                         args.decode_layer_ms, args.reps)}
             decode_graphs.append(row)
             print(f"decode graph {n:5d} rows: layer {row['layer_only_ms']:.3f} ms, exposed sglang "
-                  f"{row['sglang_pinned_uva_exposed_ms']:.3f} ms, sidecar {row['sidecar_exposed_ms']:.3f} ms; main thread "
-                  f"asleep: layer {row['layer_only_main_sleeps_ms']:.3f} ms, exposed sglang "
+                  f"{row['sglang_pinned_uva_exposed_ms']:.3f} ms, sidecar {row['sidecar_exposed_ms']:.3f} ms; "
+                  f"main thread asleep: layer {row['layer_only_main_sleeps_ms']:.3f} ms, exposed sglang "
                   f"{row['sglang_pinned_uva_main_sleeps_exposed_ms']:.3f} ms, sidecar "
                   f"{row['sidecar_main_sleeps_exposed_ms']:.3f} ms", flush=True)
         g.close()
@@ -561,23 +566,26 @@ def main(argv=None) -> int:
             g = SidecarGather(reader, columns=COLS, is_fp8=True, capacity_rows=4096, device="cuda", graph_rows=4096)
             for n in (16, 256, 4096):
                 for interval in (None, 5e-4, 1e-4):  # None: Python's default (5 ms)
-                    row = {"io": io, **captured_latency(g, rows8, n, args.reps, busy_ms=20.0, switch_interval_s=interval,
+                    row = {"io": io, **captured_latency(g, rows8, n, args.reps, busy_ms=20.0,
+                                                        switch_interval_s=interval,
                                                         cold_path=fp8 if interval is None else None)}
                     latency.append(row)
                     cold = f", cold {row['cold_idle_ms']:.3f} ms" if "cold_idle_ms" in row else ""
                     print(f"captured read {io} {n:5d} rows: idle {row['idle_ms']:.3f} ms, python-busy main "
-                          f"thread {row['python_busy_ms']:.3f} ms, sleeping {row['sleeping_ms']:.3f} ms (switch interval "
-                          f"{row['switch_interval_ms']:.2f} ms)"
+                          f"thread {row['python_busy_ms']:.3f} ms, sleeping {row['sleeping_ms']:.3f} ms "
+                          f"(switch interval {row['switch_interval_ms']:.2f} ms)"
                           f"{cold}", flush=True)
             g.close()
     result = {
         "command": shlex.join(["python", *sys.argv]),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "cpus": os.cpu_count(), "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        "python": platform.python_version(), "cpus": os.cpu_count(),
+        "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "native_compiler": _compiler_version(),
         "table": {"fp8_rows": rows8, "bf16_rows": rows16, "row_bytes_fp8": COLS},
         "sglang_kernel_sha_of_source": __import__("hashlib").sha256(kernel_src.encode()).hexdigest(),
-        "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "captured_read_latency": latency, "decode_graph_overlap": decode_graphs, "seconds": time.time() - t0,
+        "bitexact_ok": ok, "correctness": correctness, "overlap": timings, "captured_read_latency": latency,
+        "decode_graph_overlap": decode_graphs, "seconds": time.time() - t0,
         "targets": {"prefill_exposed_fraction_of_gather": "<= 0.10", "decode_exposed_ms": "0 (fully hidden)"},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -233,8 +233,10 @@ def main() -> int:
                     q, kk, vv, slot_table, ind, cu, kvl, SCALE, max_q=rows)
                 outs[(name, dt)] = f()
                 entry["ms"][f"{name}/{dt}"] = bench(f)
-        check(f"paged bf16 patched==pristine {rows}x{topk}", torch.equal(outs[("patched", "bf16")], outs[("pristine", "bf16")]))
-        check(f"paged fp8 d0002==pristine {rows}x{topk}", torch.equal(outs[("d0002", "fp8")], outs[("pristine", "fp8")]))
+        check(f"paged bf16 patched==pristine {rows}x{topk}",
+              torch.equal(outs[("patched", "bf16")], outs[("pristine", "bf16")]))
+        check(f"paged fp8 d0002==pristine {rows}x{topk}",
+              torch.equal(outs[("d0002", "fp8")], outs[("pristine", "fp8")]))
         ms = entry["ms"]
         entry["ratio"] = {"pristine_fp8_over_bf16": round(ms["pristine/fp8"] / ms["pristine/bf16"], 3),
                           "patched_fp8_over_bf16": round(ms["patched/fp8"] / ms["patched/bf16"], 3),
@@ -255,7 +257,8 @@ def main() -> int:
                                                        **kw(m, k_scale=ks, v_scale=vs)), ref_p)
          for n, m in mods.items()}
     res["checks_detail_paged_scaled_rel_err"] = e
-    check("paged scaled: patched right, pristine wrong", e["patched"] < 2e-2 and e["d0002"] < 2e-2 and e["pristine"] > 0.5, e)
+    check("paged scaled: patched right, pristine wrong",
+          e["patched"] < 2e-2 and e["d0002"] < 2e-2 and e["pristine"] > 0.5, e)
 
     for batch in (8, 64, 256) if not DRY_RUN else (2,):
         topk = 2048 if not DRY_RUN else 32
@@ -339,7 +342,8 @@ def main() -> int:
         "shapes_rows_ge_64": len(big),
         "patched_fp8_over_pristine_fp8_max": max(r["ratio"]["patched_fp8_over_pristine_fp8"] for r in chunk),
         "pristine_fp8_over_bf16_max": max(r["ratio"]["pristine_fp8_over_bf16"] for r in chunk),
-        "d0002_fp8_over_pristine_fp8_median": sorted(r["ratio"]["d0002_fp8_over_pristine_fp8"] for r in chunk)[len(chunk) // 2],
+        "d0002_fp8_over_pristine_fp8_median": sorted(r["ratio"]["d0002_fp8_over_pristine_fp8"]
+                                                     for r in chunk)[len(chunk) // 2],
         "d0002_fp8_over_pristine_fp8_max": max(r["ratio"]["d0002_fp8_over_pristine_fp8"] for r in chunk),
         "pristine_bf16_repeat_range": [min(r["ratio"]["pristine_bf16_repeat"] for r in chunk),
                                        max(r["ratio"]["pristine_bf16_repeat"] for r in chunk)],

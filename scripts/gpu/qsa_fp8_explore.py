@@ -140,8 +140,8 @@ def main() -> int:
     base = next(iter(mods))
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(";")]
-    res = {"gpu": torch.cuda.get_device_name() if not DRY_RUN else "cpu", "torch": torch.__version__, "triton": triton.__version__,
-           "python": platform.python_version(), "argv": sys.argv, "variants": variants,
+    res = {"gpu": torch.cuda.get_device_name() if not DRY_RUN else "cpu", "torch": torch.__version__,
+           "triton": triton.__version__, "python": platform.python_version(), "argv": sys.argv, "variants": variants,
            "default_configs": {}, "chunk": [], "checks": {}, "gather": []}
     torch.manual_seed(0)
     scale = D ** -0.5

@@ -323,7 +323,8 @@ def check_start_nonblocking(manifest, args) -> list[dict]:
         ok = bool(np.array_equal(out.cpu().numpy(), data[ids.cpu().numpy()]))
         out_rows.append({"backend": backend, "gpu_busy_ms": busy_ms, "start_host_ms": start_ms,
                          "start_fraction_of_busy": start_ms / busy_ms, "rows_ok": ok})
-        print(f"prefetch() {backend}: {start_ms:.3f} ms on the host while the GPU was busy {busy_ms:.1f} ms", flush=True)
+        print(f"prefetch() {backend}: {start_ms:.3f} ms on the host while the GPU was busy {busy_ms:.1f} ms",
+              flush=True)
         g.close()
     return out_rows
 
@@ -512,7 +513,8 @@ def main(argv=None) -> int:
     report = {"command": shlex.join([Path(sys.executable).name, *sys.argv]), "host": platform.node(),
               "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "cpus": os.cpu_count(),
-              "native_compiler": subprocess.run([*cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0],
+              "native_compiler": subprocess.run([*cc, "--version"], capture_output=True,
+                                                text=True).stdout.split("\n")[0],
               "vllm_kernel_sha256": kernel_sha, "args": {k: str(v) for k, v in vars(args).items()}}
     sources = args.src / "SOURCES.json"
     if sources.exists():

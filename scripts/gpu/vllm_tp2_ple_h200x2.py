@@ -269,7 +269,8 @@ def sglang_rank_main(rank: int, world: int, args) -> None:
             if world > 1:
                 dist.all_reduce(out)
             torch.cuda.synchronize(device)
-            result["checks"][f"sglang_{mode}_{name}_eager"] = bool(torch.equal(out.view(torch.int16), want.view(torch.int16)))
+            result["checks"][f"sglang_{mode}_{name}_eager"] = bool(torch.equal(out.view(torch.int16),
+                                                                               want.view(torch.int16)))
         inp = torch.zeros(n, dtype=torch.int64, device=device)
         buf = torch.zeros((n, ROW_BYTES), dtype=torch.bfloat16, device=device)
         consumed = torch.zeros_like(buf)

@@ -146,7 +146,8 @@ def qsa_bytes_per_token(g: Geometry, dtype: str = "bfloat16") -> int:
     """Compressed index keys only (sglang ``qsa_bytes_per_token``); the pending ring is per request."""
     if not g.qsa_index_head_dim:
         return 0
-    return g.qsa_index_kv_heads * g.qsa_index_head_dim * _dtype_bytes(dtype) // g.qsa_compress_ratio * g.full_attention_layers
+    return (g.qsa_index_kv_heads * g.qsa_index_head_dim * _dtype_bytes(dtype) // g.qsa_compress_ratio
+            * g.full_attention_layers)
 
 
 def mamba_bytes_per_slot(g: Geometry, ssm_dtype: str = "float32", conv_dtype: str = "bfloat16") -> int:
@@ -291,7 +292,8 @@ def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: 
         draft_kv_dtype=draft_kv_dtype,
         bytes_per_token={"target_kv": target, "draft_kv": draft, "qsa_index_k": qsa, "total": per_token},
         at_context_gib={"target_kv": gib(context_length, target), "draft_kv": gib(context_length, draft),
-                        "qsa_index_k": gib(context_length, qsa), "target_plus_draft": gib(context_length, target + draft),
+                        "qsa_index_k": gib(context_length, qsa),
+                        "target_plus_draft": gib(context_length, target + draft),
                         "total": gib(context_length, per_token)},
         pool_gib={"target_kv": gib(pool_tokens, target), "draft_kv": gib(pool_tokens, draft),
                   "qsa_index_k": gib(pool_tokens, qsa), "total": gib(pool_tokens, per_token)},
@@ -347,12 +349,12 @@ def sessions_of(plan: Plan, tokens: int) -> int:
 def render(plan: Plan) -> str:
     b, c, p, m, s = plan.bytes_per_token, plan.at_context_gib, plan.pool_gib, plan.mamba, plan.sharing
     lines = [
-        f"KV per token: target {b['target_kv'] / 1024:g} KiB ({plan.target_kv_dtype}) + draft {b['draft_kv'] / 1024:g} KiB "
-        f"({plan.draft_kv_dtype}) + QSA index K {b['qsa_index_k']} B = {b['total']:,} B",
-        f"at the {plan.context_length:,}-token context: target {c['target_kv']:.2f} GiB, draft {c['draft_kv']:.2f} GiB, "
-        f"QSA {c['qsa_index_k'] * 1024:.0f} MiB, total {c['total']:.2f} GiB",
-        f"pool of {plan.pool_tokens:,} tokens: {p['total']:.2f} GiB (target {p['target_kv']:.2f}, draft {p['draft_kv']:.2f}, "
-        f"QSA {p['qsa_index_k']:.2f})",
+        f"KV per token: target {b['target_kv'] / 1024:g} KiB ({plan.target_kv_dtype}) + draft "
+        f"{b['draft_kv'] / 1024:g} KiB ({plan.draft_kv_dtype}) + QSA index K {b['qsa_index_k']} B = {b['total']:,} B",
+        f"at the {plan.context_length:,}-token context: target {c['target_kv']:.2f} GiB, "
+        f"draft {c['draft_kv']:.2f} GiB, QSA {c['qsa_index_k'] * 1024:.0f} MiB, total {c['total']:.2f} GiB",
+        f"pool of {plan.pool_tokens:,} tokens: {p['total']:.2f} GiB (target {p['target_kv']:.2f}, "
+        f"draft {p['draft_kv']:.2f}, QSA {p['qsa_index_k']:.2f})",
         f"Mamba: {m['slots']} slots ({m['needed']} needed for {plan.running} requests x {m['per_request']} each; "
         f"admits {m['admits_requests']} at once), {m['total_gib']:.2f} GiB",
         f"sharing: {s['full_windows']} full windows ({s['full_windows_exact']:.2f}); two sessions of up to "

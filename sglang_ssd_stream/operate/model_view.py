@@ -183,7 +183,8 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=parent))
     except OSError as exc:
-        raise EnvironmentProblem(f"cannot create the view next to {out}: {exc.strerror or exc}. Nothing was changed.") from exc
+        raise EnvironmentProblem(f"cannot create the view next to {out}: {exc.strerror or exc}. "
+                                 f"Nothing was changed.") from exc
     try:
         for rel, src in plan.items():
             _link(src, tmp / rel)
@@ -284,7 +285,8 @@ def add_model_view_commands(subparsers) -> dict[str, argparse.ArgumentParser]:
         "PLE sidecar and scale; copy ssd-stream.json; rewrite the index without PLE shard mappings "
         "(original kept as " + BACKUP_NAME + "); then check completeness. Idempotent.")
     b.add_argument("--dense", required=True, help="snapshot with config.json, the index and the dense shards")
-    b.add_argument("--prepared", required=True, help="prepared SSD-stream snapshot (ssd-stream.json, ple/, experts, mtp/)")
+    b.add_argument("--prepared", required=True,
+                   help="prepared SSD-stream snapshot (ssd-stream.json, ple/, experts, mtp/)")
     b.add_argument("-o", "--out", "--output", dest="output", required=True, help="view directory to create or refresh")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
     b.set_defaults(func=cmd_build_view)

@@ -119,7 +119,8 @@ def install() -> bool:
         return True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
-    source = HookSource(plugin_name="ssd_stream", dist_name="sglang-ssd-stream")  # also when called outside load_plugins
+    # also when called outside load_plugins
+    source = HookSource(plugin_name="ssd_stream", dist_name="sglang-ssd-stream")
     originals = {}
     for target, _ in _hooks():
         try:

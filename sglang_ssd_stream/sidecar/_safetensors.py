@@ -61,7 +61,8 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
             size = os.fstat(f.fileno()).st_size
             raw = f.read(8)
             if len(raw) != 8:
-                raise SidecarCheckpointError(f"{path}: not a safetensors file (header length missing; {size} bytes)", path=str(path))
+                raise SidecarCheckpointError(f"{path}: not a safetensors file (header length missing; {size} bytes)",
+                                             path=str(path))
             (hlen,) = struct.unpack("<Q", raw)
             if hlen > MAX_HEADER_BYTES or 8 + hlen > size:
                 raise SidecarCheckpointError(
@@ -86,7 +87,8 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
             shape = tuple(int(d) for d in meta["shape"])
             begin, end = (int(x) for x in meta["data_offsets"])
         except (TypeError, KeyError, ValueError) as exc:
-            raise SidecarCheckpointError(f"{path}: tensor {name!r} has a malformed header entry", path=str(path)) from exc
+            raise SidecarCheckpointError(f"{path}: tensor {name!r} has a malformed header entry",
+                                         path=str(path)) from exc
         if tag not in DTYPES:
             raise SidecarCheckpointError(f"{path}: tensor {name!r} has unknown dtype {tag!r}", path=str(path))
         dtype, itemsize = DTYPES[tag]

@@ -414,7 +414,8 @@ def _write_scales(checkpoint: Path, out_dir: Path, tensors, sources) -> tuple[st
         files = sorted({str(i.file) for i in found.values()})
         return (files[0] if len(files) == 1 else ",".join(files)), names
     dest = out_dir / SCALE_FILE_NAME
-    _safetensors.write_small(dest, {i.name: (i.dtype, i.shape, _safetensors.read_tensor_bytes(i)) for i in found.values()})
+    _safetensors.write_small(dest, {i.name: (i.dtype, i.shape, _safetensors.read_tensor_bytes(i))
+                                    for i in found.values()})
     return str(dest), names
 
 

@@ -72,7 +72,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         for c in report.tables:
             extra = f"  actual {c.actual_sha256}" if c.status == "mismatch" else ""
-            print(f"layer {c.layer}: {c.path}  {c.status}  sha256 {c.sha256}{extra}  ({_human(c.bytes)}, {c.seconds:.1f} s)")
+            print(f"layer {c.layer}: {c.path}  {c.status}  sha256 {c.sha256}{extra}  "
+                  f"({_human(c.bytes)}, {c.seconds:.1f} s)")
         print("OK" if report.ok else "FAILED")
     if not report.ok:
         from .errors import SidecarChecksumMismatch
@@ -123,7 +124,8 @@ def add_sidecar_commands(subparsers) -> dict[str, argparse.ArgumentParser]:
     v.add_argument("artifact", help="artifact directory or its ssd-stream.json")
     v.add_argument("--use-cache", action="store_true",
                    help="accept earlier successful verifications of unchanged files")
-    v.add_argument("--layer", type=int, action="append", dest="layers", metavar="L", help="only this layer (repeatable)")
+    v.add_argument("--layer", type=int, action="append", dest="layers", metavar="L",
+                   help="only this layer (repeatable)")
     v.add_argument("--dtype", choices=["float8_e4m3fn", "bfloat16"], help="expected table dtype")
     v.add_argument("--columns", type=int, help="expected row width in elements")
     v.add_argument("--rows", type=int, help="expected rows per table")

@@ -258,9 +258,11 @@ def load_manifest(
     try:
         raw = _read_regular(p, MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        raise SidecarManifestError(f"{p}: sidecar manifest not found", path=str(p), actual=None, expected=MANIFEST_NAME) from None
+        raise SidecarManifestError(f"{p}: sidecar manifest not found", path=str(p), actual=None,
+                                   expected=MANIFEST_NAME) from None
     except OSError as exc:
-        raise SidecarManifestError(f"{p}: cannot read the sidecar manifest ({exc.strerror or exc})", path=str(p)) from exc
+        raise SidecarManifestError(f"{p}: cannot read the sidecar manifest ({exc.strerror or exc})",
+                                   path=str(p)) from exc
     if len(raw) > MAX_MANIFEST_BYTES:
         raise _bad(p, "manifest size", f">{MAX_MANIFEST_BYTES} bytes", f"at most {MAX_MANIFEST_BYTES} bytes")
     try:
@@ -362,7 +364,8 @@ def check_model_shape(
         )
     if table.columns != columns:
         raise SidecarShapeMismatch(
-            f"PLE table {table.path} (layer {table.layer}) has {table.columns} columns, but the model expects {columns}",
+            f"PLE table {table.path} (layer {table.layer}) has {table.columns} columns, "
+            f"but the model expects {columns}",
             path=table.path, field="columns", actual=table.columns, expected=columns,
         )
     if rows is not None and (table.row_start, table.row_end) != (0, rows):
@@ -438,8 +441,10 @@ def find_weight_scales(root: str | os.PathLike) -> dict[int, WeightScale]:
                 raise SidecarManifestError(f"{index}: unreadable safetensors index ({exc})", path=str(index)) from exc
             for name, fname in weight_map.items():
                 if SCALE_TENSOR.search(name) and "mtp" not in name:
-                    if not isinstance(fname, str) or PurePosixPath(fname).is_absolute() or ".." in PurePosixPath(fname).parts:
-                        raise SidecarPathEscape(f"{index}: {name} maps to {fname!r}, outside {root}", path=str(index), actual=fname)
+                    if (not isinstance(fname, str) or PurePosixPath(fname).is_absolute()
+                            or ".." in PurePosixPath(fname).parts):
+                        raise SidecarPathEscape(f"{index}: {name} maps to {fname!r}, outside {root}", path=str(index),
+                                                actual=fname)
                     candidates.setdefault(str(root / fname), []).append(name)
     found: dict[int, WeightScale] = {}
     for fname, names in candidates.items():

@@ -106,7 +106,8 @@ class MappedReader:
         self.total_rows = table.row_end if total_rows is None else int(total_rows)
         self.max_rows, self.workers, self.inline_rows = int(max_rows), int(workers), int(inline_rows)
         self.rows_per_task = None if rows_per_task is None else int(rows_per_task)
-        if not (table.row_start <= self.vocab_start < self.vocab_end <= table.row_end) or self.total_rows < table.row_end:
+        if (not (table.row_start <= self.vocab_start < self.vocab_end <= table.row_end)
+                or self.total_rows < table.row_end):
             raise SidecarShapeMismatch(
                 f"PLE table {table.file} covers rows [{table.row_start}, {table.row_end}), not this rank's rows "
                 f"[{self.vocab_start}, {self.vocab_end}) of {self.total_rows}", path=str(table.file),
@@ -118,7 +119,8 @@ class MappedReader:
         try:
             self._fd = open_table(table.file)
         except OSError as exc:
-            raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}", path=str(table.file)) from exc
+            raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}",
+                                 path=str(table.file)) from exc
         try:
             self._identity = table_identity(self._fd, table)
             first = (self.vocab_start - table.row_start) * rb  # map only this rank's rows

@@ -98,7 +98,8 @@ def layer_multipliers(*, ngram_size: int, unigram_vocab_size: int, seed: int, pl
     return [2 * (splitmix64((base + SPLITMIX_GAMMA * (i + 1)) & MASK64) % half_bound) + 1 for i in range(ngram_size)]
 
 
-def head_layout(*, ngram_vocab_size_base: int, ngram_heads: int, ple_layer_index: int) -> tuple[list[int], list[int], int]:
+def head_layout(*, ngram_vocab_size_base: int, ngram_heads: int,
+                ple_layer_index: int) -> tuple[list[int], list[int], int]:
     """Per-head partition sizes (distinct primes across all heads of all layers), offsets, total."""
     sizes, offsets, total = [], [], 0
     prime = int(ngram_vocab_size_base) - 1

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 SGLANG_WINDOW_ENV = "SGLANG_SSD_STREAM_PREFETCH_CHUNKS"
 VLLM_WINDOW_ENV = "VLLM_PLE_PREFETCH_CHUNKS"
-DEFAULT_WINDOW = 1  # chunks beyond the one being computed (H200: 1 hid cold chunks as well as 2 or better, benchmarks/row_cache/)
+# chunks beyond the one being computed (H200: 1 hid cold chunks as well as 2 or better, benchmarks/row_cache/)
+DEFAULT_WINDOW = 1
 MAX_WINDOW = 64
 MAX_REQUESTS = 4096  # requests remembered; the oldest is forgotten (an engine that never calls finished())
 

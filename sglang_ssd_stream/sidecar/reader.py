@@ -224,7 +224,8 @@ class SidecarReader:
             raise SidecarShapeMismatch(
                 f"PLE table {table.file} covers rows [{table.row_start}, {table.row_end}), "
                 f"not this rank's rows [{self.vocab_start}, {self.vocab_end})",
-                path=str(table.file), actual=(table.row_start, table.row_end), expected=(self.vocab_start, self.vocab_end),
+                path=str(table.file), actual=(table.row_start, table.row_end),
+                expected=(self.vocab_start, self.vocab_end),
             )
         if self.total_rows < table.row_end:
             raise SidecarShapeMismatch(
@@ -269,7 +270,8 @@ class SidecarReader:
                     f"cannot open PLE table {table.file} with O_DIRECT: the filesystem does not support it "
                     f"(use direct=False)", path=str(table.file),
                 ) from exc
-            raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}", path=str(table.file)) from exc
+            raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}",
+                                 path=str(table.file)) from exc
         self._fd = fd
         try:
             self._identity = table_identity(fd, table)

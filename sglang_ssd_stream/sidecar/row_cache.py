@@ -88,7 +88,8 @@ def parse_budget_mb(name: str, raw: str | None, default_mb: int = DEFAULT_BUDGET
     try:
         mb = ascii_int(raw, signed=True)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer number of MiB (e.g. 1024; 0 turns the row cache off)") from None
+        raise ValueError(f"{name}={raw!r} is not an integer number of MiB "
+                         f"(e.g. 1024; 0 turns the row cache off)") from None
     if not 0 <= mb <= MAX_BUDGET_MB:
         raise ValueError(f"{name}={mb} is out of range 0..{MAX_BUDGET_MB} MiB")
     return mb
@@ -263,7 +264,8 @@ class RowCache:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             size = os.fstat(fd).st_size
             if size < self.table.bytes:
-                raise SidecarTruncated(f"PLE table {path} is truncated: it has {size} bytes, expected {self.table.bytes}",
+                raise SidecarTruncated(f"PLE table {path} is truncated: it has {size} bytes, "
+                                       f"expected {self.table.bytes}",
                                        path=path, actual=size, expected=self.table.bytes)
             err = ctypes.create_string_buffer(512)
             small, threshold, keep, ghost = _s3
@@ -465,7 +467,8 @@ class HostRead:
         if ids.dtype != np.int64 or ids.ndim != 1 or not ids.flags.c_contiguous:
             raise ValueError("ids must be a contiguous 1-D int64 array")
         if out.dtype != np.uint8 or out.shape != (ids.shape[0], cache.row_bytes) or not out.flags.c_contiguous:
-            raise ValueError(f"out must be contiguous uint8 [{ids.shape[0]}, {cache.row_bytes}], got {out.dtype} {out.shape}")
+            raise ValueError(f"out must be contiguous uint8 [{ids.shape[0]}, {cache.row_bytes}], "
+                             f"got {out.dtype} {out.shape}")
         self.cache, self._keep = cache, (ids, out, cache.rows)
         self._struct = _HostRead(cache=cache._c, ids=ids.ctypes.data, out=out.ctypes.data, n=ids.shape[0], calls=0,
                                  closed=0, what=what.encode()[:127])
@@ -548,6 +551,6 @@ def _release_sim(lib, handle) -> None:
     lib.rc_free(handle)
 
 
-__all__ = ["RowCache", "HostRead", "captured_read", "CacheSimulator", "capacity_for_budget", "metadata_bytes", "fixed_bytes",
-           "parse_budget_mb", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES", "SGLANG_BUDGET_ENV",
+__all__ = ["RowCache", "HostRead", "captured_read", "CacheSimulator", "capacity_for_budget", "metadata_bytes",
+           "fixed_bytes", "parse_budget_mb", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES", "SGLANG_BUDGET_ENV",
            "VLLM_BUDGET_ENV", "DEFAULT_BUDGET_MB"]

@@ -66,7 +66,8 @@ class VerifyReport:
 
 def default_cache_dir() -> Path:
     """Fallback cache directory for read-only artifacts."""
-    home = os.environ.get("SGLANG_SSD_STREAM_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "sglang-ssd-stream")
+    home = (os.environ.get("SGLANG_SSD_STREAM_HOME")
+            or os.path.join(os.path.expanduser("~"), ".cache", "sglang-ssd-stream"))
     return Path(home) / "sidecar-verify"
 
 

@@ -128,8 +128,10 @@ class SidecarGather:
         if output == "raw" and mode != "h2d":
             raise ValueError("raw PLE rows are delivered by an H2D copy: use mode 'h2d'")
         if reader.row_bytes != columns * (1 if is_fp8 else 2):
-            raise ValueError(f"reader rows are {reader.row_bytes} B, expected {columns} {'fp8' if is_fp8 else 'bf16'} columns")
-        self.reader, self.columns, self.is_fp8, self.mode, self.output = reader, int(columns), bool(is_fp8), mode, output
+            raise ValueError(f"reader rows are {reader.row_bytes} B, expected {columns} "
+                             f"{'fp8' if is_fp8 else 'bf16'} columns")
+        self.reader, self.columns, self.is_fp8, self.mode, self.output = (
+            reader, int(columns), bool(is_fp8), mode, output)
         self.row_bytes = int(reader.row_bytes)
         self.capacity_rows = int(capacity_rows)
         self.device = torch.device(device)
@@ -154,7 +156,8 @@ class SidecarGather:
             snap = account(staging_bytes=nbytes)
             integrated = torch.cuda.get_device_properties(self.device).is_integrated
             log.info("%s", startup_line(f"layer {self.layer} staging", nbytes,
-                                        f"registered host staging ({cap} + {gr} graph rows x {rb} B)", snap, integrated))
+                                        f"registered host staging ({cap} + {gr} graph rows x {rb} B)", snap,
+                                        integrated))
         else:
             raw = torch.zeros(nbytes, dtype=torch.uint8)
         self._host = raw  # keeps the registration alive

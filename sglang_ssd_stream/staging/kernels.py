@@ -42,7 +42,8 @@ def convert_staged_rows(src: torch.Tensor, out: torch.Tensor, *, is_fp8: bool) -
     or device) and a contiguous bf16 ``[n, columns]`` ``out``; launched on the current stream."""
     n, cols = out.shape
     if src.shape[0] != n or src.shape[1] != cols * (1 if is_fp8 else 2) or src.dtype != torch.uint8:
-        raise ValueError(f"staging {tuple(src.shape)} {src.dtype} does not match output {tuple(out.shape)} (fp8={is_fp8})")
+        raise ValueError(f"staging {tuple(src.shape)} {src.dtype} does not match output {tuple(out.shape)} "
+                         f"(fp8={is_fp8})")
     if out.dtype != torch.bfloat16 or not out.is_contiguous() or not src.is_contiguous():
         raise ValueError("PLE conversion needs a contiguous uint8 staging view and a contiguous bf16 output")
     if n == 0:

@@ -128,7 +128,8 @@ class NativeRead:
                                  "open the reader without direct")
             io, rows = "pread", None
         else:
-            raise TypeError(f"the native host node reads a MappedReader or a SidecarReader, not {type(reader).__name__}")
+            raise TypeError(f"the native host node reads a MappedReader or a SidecarReader, "
+                            f"not {type(reader).__name__}")
         n = ids.shape[0]
         if ids.dtype != np.int64 or ids.ndim != 1 or not ids.flags.c_contiguous:
             raise ValueError("ids must be a contiguous 1-D int64 array")
@@ -145,7 +146,8 @@ class NativeRead:
             rows=None if rows is None else rows.ctypes.data, local_rows=reader.vocab_end - reader.vocab_start,
             vocab_start=reader.vocab_start, row_start=reader.table.row_start, total_rows=reader.total_rows,
             row_bytes=reader.row_bytes, table_bytes=reader.table.bytes, ids=ids.ctypes.data, out=out.ctypes.data,
-            n=n, inline_rows=inline_rows if inline_rows is not None else getattr(reader, "inline_rows", DEFAULT_INLINE_ROWS),
+            n=n,
+            inline_rows=inline_rows if inline_rows is not None else getattr(reader, "inline_rows", DEFAULT_INLINE_ROWS),
             slow_row_s=slow_row_s,
             fd=fd, workers=reader.workers, closed=0, io=IO_CODES[io],
             base_ino=reader.identity[1], base_size=reader.identity[2], base_mtime_ns=reader.identity[3],

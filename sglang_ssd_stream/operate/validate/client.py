@@ -91,7 +91,8 @@ class Client:
                             "running": sum(x.get("num_running_reqs", 0) for x in loads)}
             if self._kv_source in (None, "metrics"):
                 r = self._http.get("/metrics")
-                m = re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", r.text, re.M) if r.status_code == 200 else None
+                m = (re.search(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.eE+-]+)$", r.text, re.M)
+                     if r.status_code == 200 else None)
                 if m:
                     self._kv_source = "metrics"
                     run = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.eE+-]+)$", r.text, re.M)

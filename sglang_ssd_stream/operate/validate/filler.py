@@ -43,7 +43,8 @@ def with_needles(body: str, depths: tuple[float, ...], codes: list[str]) -> str:
     """Insert ``The secret code number {i} is {code}.`` at each depth (fraction of the body)."""
     out, last = [], 0
     for i, (d, code) in enumerate(zip(depths, codes, strict=False), 1):
-        cut = body.rfind(". ", 0, max(int(len(body) * d), 1)) + 2 if ". " in body[: int(len(body) * d)] else int(len(body) * d)
+        cut = (body.rfind(". ", 0, max(int(len(body) * d), 1)) + 2 if ". " in body[: int(len(body) * d)]
+               else int(len(body) * d))
         out.append(body[last:cut])
         out.append(f"The secret code number {i} is {code}. ")
         last = cut

@@ -91,7 +91,8 @@ def markdown(results: dict) -> str:
         lines.append(f"| {name} | {r['status']} | {passed}/{len(checks)} checks passed |")
     needle = results["suites"].get("needle")
     if needle:
-        lines += ["", "## Needle recall", "", "| target | prompt tokens | latency s | recalled | status |", "|---|---|---|---|---|"]
+        lines += ["", "## Needle recall", "", "| target | prompt tokens | latency s | recalled | status |",
+                  "|---|---|---|---|---|"]
         for c in needle["checks"]:
             lat = f"{c['latency_s']:.2f}" if c.get("latency_s") is not None else "-"
             lines.append(f"| {c['target_tokens']} | {c['prompt_tokens']} | {lat} | "
@@ -108,7 +109,8 @@ def markdown(results: dict) -> str:
                 lines.append(f"- {check_line(c)}")
     m = results["suites"].get("matrix")
     if m:
-        lines += ["", "## Reasoning x tools", "", "| thinking | tools | history | turns | tool turns | status | problems |",
+        lines += ["", "## Reasoning x tools", "",
+                  "| thinking | tools | history | turns | tool turns | status | problems |",
                   "|---|---|---|---|---|---|---|"]
         for c in m["checks"]:
             lines.append(f"| {c['thinking']} | {c['tools']} | {c['history_reasoning']} | {c['turns']} | "
@@ -117,7 +119,8 @@ def markdown(results: dict) -> str:
     if c:
         lines += ["", "## Canary", ""]
         for x in c["checks"]:
-            lines.append(f"- {x['prompt'][:40]}…: {x['status']} {'; '.join(x.get('problems') or []) or x.get('error') or ''}")
+            lines.append(f"- {x['prompt'][:40]}…: {x['status']} "
+                         f"{'; '.join(x.get('problems') or []) or x.get('error') or ''}")
     lines += ["", f"Plot: {results.get('plot')}", ""]
     points = _points(results)
     if points:

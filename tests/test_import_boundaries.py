@@ -1,7 +1,7 @@
 """The house's import rules, read from the source (every import, also inside functions and
 ``importlib.import_module``/``pkgutil.resolve_name`` look-ups by string):
 
-- the engine-neutral floors import no engine: ``patching/``, ``sidecar/``, ``findings``, ``errors``,
+- the engine-neutral floors import no engine: ``patching/``, ``sidecar/``, ``checks/``, ``findings``, ``errors``,
   ``paths`` import neither sglang, vllm, torch nor triton; ``staging/`` imports neither engine;
 - only the SGLang adapter (``sglang_ssd_stream/sglang/``) imports sglang, only ``vllm_ple_offload``
   imports vllm, and neither adapter imports the other;
@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("sglang_ssd_stream", "vllm_ple_offload")
 FLOORS = ("sglang_ssd_stream.patching", "sglang_ssd_stream.sidecar", "sglang_ssd_stream.findings",
-          "sglang_ssd_stream.errors", "sglang_ssd_stream.paths", "sglang_ssd_stream.env_numbers")
+          "sglang_ssd_stream.errors", "sglang_ssd_stream.paths", "sglang_ssd_stream.env_numbers",
+          "sglang_ssd_stream.checks")
 STAGING = "sglang_ssd_stream.staging"
 SGLANG_ADAPTER = "sglang_ssd_stream.sglang"
 OPERATE = "sglang_ssd_stream.operate"

@@ -51,6 +51,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from sglang_ssd_stream.checks.memory import CAP_IPC_LOCK, LockedMemory, check_row_cache_memory
+from sglang_ssd_stream.checks.memory import check_memlock as _check_memlock
+from sglang_ssd_stream.checks.memory import has_cap as _has_cap
+from sglang_ssd_stream.checks.memory import status_fields as _status_fields
 from sglang_ssd_stream.errors import EnvironmentProblem, KitError
 from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, refusal_text
 from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_release, thread_findings
@@ -58,11 +62,9 @@ from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_rele
 from . import env
 from .errors import PleSettingsError, PreflightFailed
 
-CAP_IPC_LOCK, CAP_SYS_PTRACE = 14, 19
+CAP_SYS_PTRACE = 19
 L4T_VERIFIED = {(39, 2): "write-up 003 (vLLM, JetPack 7.2)"}  # the Jetson releases a write-up ran vLLM on
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch >= 2.9 reads both
-MEMLOCK_FIX = ("raise the locked-memory limit: docker run --ulimit memlock=-1, compose `ulimits: memlock: -1`, "
-               "systemd LimitMEMLOCK=infinity, or `ulimit -l unlimited` in the launching shell")
 INSTALL_FIX = "./install.sh --engine vllm"  # the vLLM runtime (side.install_hint)
 SETTINGS_FIX = f"fix the {env.PREFIX}* variables (README: vLLM)"
 SIDECAR_FIX = (f"point {env.SIDECAR} at the ssd-stream.json that `sglang-ssd-stream sidecar build` wrote, with "
@@ -114,21 +116,6 @@ class Facts:
 
 
 # ----------------------------------------------------------------------------- facts
-
-
-def _status_fields(path: str = "/proc/self/status") -> dict[str, str]:
-    try:
-        with open(path) as f:
-            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-    except OSError:
-        return {}
-
-
-def _has_cap(status: Mapping[str, str], bit: int) -> bool:
-    try:
-        return bool(int(status.get("CapEff", "0"), 16) >> bit & 1)
-    except ValueError:
-        return False
 
 
 def _read_int(path: str) -> int | None:
@@ -207,19 +194,7 @@ def gather_facts(settings: env.PleSettings | None, environ: Mapping[str, str] | 
 
 
 def check_memlock(facts: Facts, need_bytes: int | None, what: str) -> Finding:
-    from sglang_ssd_stream.staging.host_memory import fmt_bytes
-
-    if facts.memlock_bytes is None:
-        return Finding(OK, "memlock", "locked-memory limit is unlimited")
-    if facts.cap_ipc_lock:
-        return Finding(OK, "memlock", f"limit {fmt_bytes(facts.memlock_bytes)}, but CAP_IPC_LOCK lifts it")
-    if need_bytes is None:
-        return Finding(WARNING, "memlock", f"locked-memory limit is {fmt_bytes(facts.memlock_bytes)}; the table size "
-                       f"is only known when the model loads, and is checked then", MEMLOCK_FIX)
-    if facts.memlock_bytes < need_bytes:
-        return Finding(ERROR, "memlock", f"locked-memory limit is {fmt_bytes(facts.memlock_bytes)}, but {what} needs "
-                       f"{fmt_bytes(need_bytes)} pinned", MEMLOCK_FIX)
-    return Finding(OK, "memlock", f"limit {fmt_bytes(facts.memlock_bytes)} covers {fmt_bytes(need_bytes)}")
+    return _check_memlock(LockedMemory(facts.memlock_bytes, facts.cap_ipc_lock), need_bytes, what)
 
 
 def check_sidecar(settings: env.PleSettings, facts: Facts) -> list[Finding]:
@@ -251,15 +226,17 @@ def check_fetch_round(settings: env.PleSettings, facts: Facts) -> Finding | None
     # Name the knob raised furthest above its default, with the most that fits beside the other.
     rows_fit = limit // (settings.fetch_workers * row)
     workers_fit = limit // (settings.rows_per_task * row)
-    rows_first = settings.rows_per_task / env.DEFAULT_ROWS_PER_TASK >= settings.fetch_workers / env.DEFAULT_FETCH_WORKERS
+    rows_first = (settings.rows_per_task / env.DEFAULT_ROWS_PER_TASK
+                  >= settings.fetch_workers / env.DEFAULT_FETCH_WORKERS)
     if (rows_first or workers_fit < 1) and rows_fit >= 1:
         fix = f"lower {env.ROWS_PER_TASK} to at most {rows_fit:,}"
     elif workers_fit >= 1:
         fix = f"lower {env.FETCH_WORKERS} to at most {workers_fit:,}"
     else:
         fix = f"set {env.FETCH_WORKERS}=1 and {env.ROWS_PER_TASK} to at most {max(limit // row, 1):,}"
-    return Finding(ERROR, "fetch_round", f"{what} per table and process: the {env.PREAD} backend's read buffer holds "
-                   f"a whole round (the {env.MMAP} backend's index arrays grow with it); the limit is {fmt_bytes(limit)}",
+    return Finding(ERROR, "fetch_round", f"{what} per table and process: the {env.PREAD} backend's read buffer "
+                   f"holds a whole round (the {env.MMAP} backend's index arrays grow with it); the limit is "
+                   f"{fmt_bytes(limit)}",
                    fix + f" (defaults {env.DEFAULT_FETCH_WORKERS} x {env.DEFAULT_ROWS_PER_TASK:,})")
 
 
@@ -279,23 +256,8 @@ def check_row_cache(settings: env.PleSettings, facts: Facts) -> list[Finding]:
                    f"read buffers), prompt-ahead prefetch {settings.prefetch_chunks} chunk(s) ahead")]
     if facts.uva:  # registered host memory (plus the staging, known when the model loads)
         out.append(check_memlock(facts, budget, f"the PLE row cache ({what})"))
-    procs = max(1, int(facts.worker_processes))
-    total = budget * procs
-    spread = f"{fmt_bytes(total)} for {procs} worker process(es)" if procs > 1 else fmt_bytes(total)
-    avail = facts.mem_available_bytes
-    fix = f"lower {env.ROW_CACHE_MB} (0 turns the cache off), or free host memory"
-    if avail is None:
-        out.append(Finding(WARNING, "row_cache_memory", f"MemAvailable is unknown here; the row caches take {spread}",
-                           fix))
-    elif total >= avail:
-        out.append(Finding(ERROR, "row_cache_memory", f"the row caches take {spread}, but MemAvailable is only "
-                           f"{fmt_bytes(avail)}: the host would reclaim or kill processes (on a Jetson, host memory "
-                           f"is also the KV cache's)", fix))
-    elif total * 2 > avail:
-        out.append(Finding(WARNING, "row_cache_memory", f"the row caches take {spread}, more than half of "
-                           f"MemAvailable {fmt_bytes(avail)}", fix))
-    else:
-        out.append(Finding(OK, "row_cache_memory", f"the row caches take {spread} of MemAvailable {fmt_bytes(avail)}"))
+    out.append(check_row_cache_memory(budget, facts.worker_processes, facts.mem_available_bytes,
+                                      knob=env.ROW_CACHE_MB, process_kind="worker process"))
     return out
 
 
@@ -368,7 +330,8 @@ def require_memlock(need_bytes: int, *, what: str, facts: Facts | None = None) -
 
 
 def facts_json(facts: Facts) -> dict:
-    return {**asdict(facts), "expandable_segments": facts.expandable_segments, "ptrace_permitted": facts.ptrace_permitted}
+    return {**asdict(facts), "expandable_segments": facts.expandable_segments,
+            "ptrace_permitted": facts.ptrace_permitted}
 
 
 # ----------------------------------------------------------------------------- sidecar SHA-256

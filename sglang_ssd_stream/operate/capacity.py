@@ -313,25 +313,26 @@ def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: 
 
 def row_cache_budget(knob: tuple[str, int] | None, profile_env, env, override_mb: int | None = None,
                      when: tuple[str, str, tuple[str, ...]] | None = None) -> dict | None:
-    """The PLE row cache a launch gets: ``override_mb`` (plan's option), else the profile's value (a launch
-    sets it over the inherited one), else the inherited variable, else the engine's default. None: the
+    """The PLE row cache a launch gets: ``override_mb`` (plan's option), else the exported variable (a
+    launch keeps what the operator exported, :func:`.launch.build_launch`), else the profile's value, else
+    the engine's default. None: the
     engine has no row cache, or not with this launch's ``when`` setting (:class:`.side.EngineSide`).
     Registered host memory, apart from the per-layer staging the engine logs."""
     if knob is None:
         return None
     if when is not None:
         var, default, values = when
-        if profile_env.get(var, env.get(var, default)) not in values:
+        if env.get(var, profile_env.get(var, default)) not in values:
             return None
     from ..sidecar.row_cache import parse_budget_mb
 
     var, default = knob
     if override_mb is not None:
         raw, source = str(override_mb), "this plan's --row-cache-mb"
+    elif var in env and env[var] != profile_env.get(var):  # a launch's env holds the profile's value too
+        raw, source = env[var], "exported"
     elif var in profile_env:
         raw, source = profile_env[var], "the profile's"
-    elif var in env:
-        raw, source = env[var], "the environment's"
     else:
         raw, source = None, "the default"
     try:

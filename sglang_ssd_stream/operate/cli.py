@@ -69,7 +69,7 @@ def cmd_serve(args, exec_fn=None) -> int:
                           port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
                           allow_unauthenticated=args.allow_unauthenticated, extra=args.extra, cpu=cpu_budget())
     for note in launch.notes:
-        print(f"serve: sized {note}", file=sys.stderr)
+        print(f"serve: {note}", file=sys.stderr)
     if args.dry_run:  # the command and the whole verdict, on any machine; a report, not a refusal
         from .preflight import findings_for, report_lines
 

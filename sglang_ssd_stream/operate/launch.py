@@ -156,7 +156,7 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
         from .host import size_threads
 
         sized, sized_notes = size_threads(env, dict(side.thread_knobs), cpu, explicit)
-        notes += sized_notes
+        notes += [f"sized {note}" for note in sized_notes]
         env.update(sized)
 
     argv = side.engine_argv(python)

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checks.memory import LockedMemory, check_memlock, check_row_cache_memory, locked_memory
 from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding, as_json, exit_code, print_report
 from ..operate.host import (
@@ -108,6 +109,7 @@ class Request:
     ple_skip_device_check: bool = False
     row_cache: dict | None = None  # operate.capacity.row_cache_budget: the PLE row cache this launch gets
     row_cache_error: str | None = None  # its variable holds a value the plugin refuses
+    scheduler_processes: int = 1  # --tp-size x --pp-size x --dp-size: each holds its own row cache
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class Facts:
     cpu: CpuBudget | None = None
     read_workers: int | None = None  # the PLE reader pool in effect (SGLANG_SSD_STREAM_READ_WORKERS or default)
     disk_space: tuple[DiskSpace, ...] = ()
+    locked: LockedMemory | None = None  # the locked-memory limit (the row cache registers its rows)
+    mem_available_bytes: int | None = None  # /proc/meminfo MemAvailable
 
 
 def _cuda_device() -> Device | None:
@@ -239,6 +243,8 @@ def gather_facts(*, python: str | None = None, sidecar_paths: Iterable[str] = ()
         cpu=cpu_budget(),
         read_workers=_read_workers(os.environ if env is None else env),
         disk_space=disks,
+        locked=locked_memory(),
+        mem_available_bytes=mem.get("MemAvailable"),
     )
 
 
@@ -253,12 +259,16 @@ def request_from_argv(argv: Iterable[str], env: Mapping[str, str] | None = None,
     for flag in ("--qsa-indexer-dtype", "--ple-offload-backend", "--moe-runner-backend", "--quantization"):
         parser.add_argument(flag)
     parser.add_argument("--mem-fraction-static", type=float)
+    for flags in (("--tp-size", "--tensor-parallel-size"), ("--pp-size", "--pipeline-parallel-size"),
+                  ("--dp-size", "--data-parallel-size")):
+        parser.add_argument(*flags, type=int, default=1)
     known, _ = parser.parse_known_args([str(a) for a in argv])
     return Request(qsa_indexer_dtype=known.qsa_indexer_dtype, ple_offload_backend=known.ple_offload_backend,
                    moe_runner_backend=known.moe_runner_backend, quantization=known.quantization,
                    mem_fraction_static=known.mem_fraction_static, memory_need_bytes=memory_need_bytes,
                    memory_plan_error=memory_plan_error, allow_unpatched=env.get(ALLOW_UNPATCHED_ENV) == "1",
-                   ple_skip_device_check=env.get(PLE_SKIP_DEVICE_CHECK_ENV, "").lower() in ("1", "true"))
+                   ple_skip_device_check=env.get(PLE_SKIP_DEVICE_CHECK_ENV, "").lower() in ("1", "true"),
+                   scheduler_processes=max(1, known.tp_size) * max(1, known.pp_size) * max(1, known.dp_size))
 
 
 # ----------------------------------------------------------------------------- checks
@@ -335,30 +345,37 @@ def check_memory(facts: Facts) -> Finding | None:
                    + (f" (the PLE row cache's {cache >> 20} MiB included: unified memory)" if cache else ""))
 
 
-def check_row_cache(facts: Facts) -> Finding | None:
-    """The PLE row cache budget: host memory every scheduler process registers for PLE rows."""
+def check_row_cache(facts: Facts) -> list[Finding]:
+    """The PLE row cache budget: host memory every scheduler process registers for PLE rows, against the
+    locked-memory limit and MemAvailable (the floor's checks, as on vLLM)."""
     r = facts.request
     if r.row_cache_error:
-        return Finding(ERROR, "row_cache", f"{r.row_cache_error}; the plugin refuses it at start",
-                       "set it to a whole number of MiB for all PLE layers (0: no row cache)")
+        return [Finding(ERROR, "row_cache", f"{r.row_cache_error}; the plugin refuses it at start",
+                        "set it to a whole number of MiB for all PLE layers (0: no row cache)")]
     rc = r.row_cache
     if rc is None:
-        return None
+        return []
     if not rc["mib"]:
-        return Finding(OK, "row_cache", f"off ({rc['variable']}=0, {rc['source']}): PLE rows are read through the "
-                       f"mapped or pread reader, without prompt-ahead prefetch")
+        return [Finding(OK, "row_cache", f"off ({rc['variable']}=0, {rc['source']}): PLE rows are read through the "
+                        f"mapped or pread reader, without prompt-ahead prefetch")]
     unified = facts.device is not None and facts.device.integrated
-    return Finding(OK, "row_cache", f"{rc['mib']:,} MiB of registered host memory per scheduler process for all PLE "
+    out = [Finding(OK, "row_cache", f"{rc['mib']:,} MiB of registered host memory per scheduler process for all PLE "
                    f"layers ({rc['variable']}, {rc['source']}), with prompt-ahead prefetch"
-                   + ("; unified memory: the KV cache cannot use it" if unified else ""))
+                   + ("; unified memory: the KV cache cannot use it" if unified else ""))]
+    budget, what = rc["mib"] << 20, f"the PLE row cache ({rc['variable']}={rc['mib']} per scheduler process)"
+    if facts.locked is not None:
+        out.append(check_memlock(facts.locked, budget, what))
+    out.append(check_row_cache_memory(budget, r.scheduler_processes, facts.mem_available_bytes,
+                                      knob=rc["variable"], process_kind="scheduler process"))
+    return out
 
 
 def check_compilers(facts: Facts) -> Finding:
     missing = [what for what, found in (("C", facts.c_compiler), ("C++", facts.cxx_compiler)) if not found]
     if missing:
         return Finding(ERROR, "compiler", f"no {' or '.join(missing)} compiler on PATH; the first start compiles "
-                       f"kernels for this device (Triton launchers, sglang JIT, FlashInfer) and the PLE sidecar's native "
-                       f"code (the row cache; the host-node read for CUDA graphs)",
+                       f"kernels for this device (Triton launchers, sglang JIT, FlashInfer) and the PLE sidecar's "
+                       f"native code (the row cache; the host-node read for CUDA graphs)",
                        "sudo apt-get install -y build-essential")
     return Finding(OK, "compiler", f"{facts.c_compiler}, {facts.cxx_compiler}")
 
@@ -436,10 +453,11 @@ def check_disk_space(facts: Facts) -> list[Finding]:
 def run_checks(facts: Facts) -> list[Finding]:
     findings = facts.source.findings(allow_unpatched=facts.request.allow_unpatched)
     findings += [check_device(facts), check_compilers(facts)]
-    for check in (check_fp8_indexer, check_ple_backend, check_memory, check_row_cache, check_moe_runner):
+    for check in (check_fp8_indexer, check_ple_backend, check_memory, check_moe_runner):
         found = check(facts)
         if found is not None:
             findings.append(found)
+    findings += check_row_cache(facts)
     findings += check_sidecar_disks(facts)
     findings += check_unified_memory_host(facts)
     l4t = check_l4t(facts)
@@ -510,8 +528,8 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
 
 
 def _with_row_cache(request: Request, profile: str | None, env: Mapping[str, str]) -> Request:
-    """The row cache this launch gets: the profile's value (a launch sets it over the inherited one), else
-    the environment's, else the default (``operate.capacity.row_cache_budget``)."""
+    """The row cache this launch gets: the exported value (a launch keeps it), else the profile's, else the
+    default (``operate.capacity.row_cache_budget``)."""
     from dataclasses import replace
 
     from ..errors import KitError

@@ -235,7 +235,8 @@ def test_plan_command_uses_profile_values(tmp_path, capsys):
                          "--device-memory-gib", "16"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
-    assert "Mamba: 16 slots (16 needed for 4 requests x 4 each; admits 4 at once)" in out and "memory: 15.20 GiB static" in out
+    assert ("Mamba: 16 slots (16 needed for 4 requests x 4 each; admits 4 at once)" in out
+            and "memory: 15.20 GiB static" in out)
 
 
 def test_plan_vllm_profile(tmp_path, capsys):
@@ -333,8 +334,8 @@ def test_plan_without_a_draft_directory_is_refused_not_undercounted(tmp_path):
 
 
 def test_plan_states_the_ple_row_cache_budget(tmp_path, capsys, monkeypatch):
-    """Issue 19: the plan counts the row cache a launch gets (the profile's value, which a launch sets over
-    the inherited one; else the environment's; else the default), and refuses a value the plugin refuses."""
+    """Issue 19: the plan counts the row cache a launch gets (the exported value, which a launch keeps; else
+    the profile's; else the default), and refuses a value the plugin refuses."""
     import argparse
 
     from sglang_ssd_stream.operate import add_operate_commands
@@ -342,8 +343,8 @@ def test_plan_states_the_ple_row_cache_budget(tmp_path, capsys, monkeypatch):
     m = write_model(tmp_path / "m")
     p = argparse.ArgumentParser()
     add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
-    monkeypatch.setenv("SGLANG_SSD_STREAM_ROW_CACHE_MB", "77")  # the profile's value wins, as in the launch
-    for profile, mib, source in (("thor", 1024, "the profile's"), ("discrete-gpu", 4096, "the profile's")):
+    monkeypatch.setenv("SGLANG_SSD_STREAM_ROW_CACHE_MB", "77")  # the exported value wins, as in the launch
+    for profile, mib, source in (("thor", 77, "exported"), ("discrete-gpu", 77, "exported")):
         args = p.parse_args(["plan", "--profile", profile, "--model", str(m), "--json"])
         assert args.func(args) == 0
         doc = json.loads(capsys.readouterr().out)
@@ -351,7 +352,9 @@ def test_plan_states_the_ple_row_cache_budget(tmp_path, capsys, monkeypatch):
                                         "source": source}
     args = p.parse_args(["plan", "--profile", "thor", "--model", str(m), "--row-cache-mb", "0"])
     assert args.func(args) == 0
-    assert "PLE row cache: off (SGLANG_SSD_STREAM_ROW_CACHE_MB=0, this plan's --row-cache-mb)" in capsys.readouterr().out
+    assert ("PLE row cache: off (SGLANG_SSD_STREAM_ROW_CACHE_MB=0, this plan's --row-cache-mb)"
+            in capsys.readouterr().out)
+    monkeypatch.delenv("SGLANG_SSD_STREAM_ROW_CACHE_MB")
     args = p.parse_args(["plan", "--profile", "thor", "--model", str(m)])
     assert args.func(args) == 0
     out = capsys.readouterr().out
@@ -369,8 +372,9 @@ def test_row_cache_budget_sources():
     assert row_cache_budget(None, {}, {}) is None  # an engine without a row cache
     assert row_cache_budget(knob, {}, {})["mib"] == 1024 and row_cache_budget(knob, {}, {})["source"] == "the default"
     assert row_cache_budget(knob, {}, {"K_MB": "12"}) == {"variable": "K_MB", "mib": 12, "gib": 12 / 1024,
-                                                          "source": "the environment's"}
-    assert row_cache_budget(knob, {"K_MB": "5"}, {"K_MB": "12"})["mib"] == 5
+                                                          "source": "exported"}
+    assert row_cache_budget(knob, {"K_MB": "5"}, {"K_MB": "12"})["mib"] == 12  # exported wins, as in a launch
+    assert row_cache_budget(knob, {"K_MB": "5"}, {})["mib"] == 5
     assert row_cache_budget(knob, {"K_MB": "5"}, {}, override_mb=0)["mib"] == 0
     with pytest.raises(PlanRefused, match="K_MB='x' is not an integer number of MiB"):
         row_cache_budget(knob, {}, {"K_MB": "x"})

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from sglang_ssd_stream.checks.memory import LockedMemory
 from sglang_ssd_stream.errors import EXIT_OK, EXIT_REFUSED
 from sglang_ssd_stream.operate import host
 from sglang_ssd_stream.patching.guard import Verdict
@@ -44,7 +45,8 @@ def healthy(**changes) -> Facts:
                  c_compiler="/usr/bin/cc", cxx_compiler="/usr/bin/c++", swap_bytes=16 * GIB, swappiness=10,
                  journald_persistent=True, sidecar_disks=(Disk("/nvme/ple.bin", "ext4", "nvme0n1", "nvme"),),
                  request=Request(quantization="modelopt_fp4", moe_runner_backend="flashinfer_cutlass"),
-                 tegra=host.tegra_release(_release_file("R38", "4.0")))
+                 tegra=host.tegra_release(_release_file("R38", "4.0")),
+                 locked=LockedMemory(None, False), mem_available_bytes=100 * GIB)
     return dataclasses.replace(base, **changes)
 
 
@@ -320,7 +322,8 @@ def test_gather_facts_on_this_machine():
     except ImportError:
         has_cuda = False
     assert (facts.device is not None) is has_cuda
-    assert facts.source.state in ("patched", "pristine", "mixed", "unknown", "pending", "error") and facts.source.listing
+    assert (facts.source.state in ("patched", "pristine", "mixed", "unknown", "pending", "error")
+            and facts.source.listing)
     assert facts.sidecar_disks[0].path == os.getcwd()
     findings = run_checks(facts)
     if not has_cuda:
@@ -377,7 +380,8 @@ def test_preflight_seam_returns_the_launch_findings(monkeypatch):
     assert [f.check for f in findings if f.level == WARNING] == ["swap"]
 
     monkeypatch.setattr(doctor, "gather_facts", lambda **kw: healthy(request=kw["request"]))
-    findings = doctor.preflight(profile="thor", model=None, draft=None, env={}, argv=["--qsa-indexer-dtype", "fp8_e4m3"])
+    findings = doctor.preflight(profile="thor", model=None, draft=None, env={},
+                                argv=["--qsa-indexer-dtype", "fp8_e4m3"])
     assert [f.check for f in findings if f.level == ERROR] == ["qsa_indexer_dtype"]
 
 
@@ -465,10 +469,12 @@ def test_row_cache_from_the_profile_and_the_environment(monkeypatch):
     seen = {}
     monkeypatch.setattr(doctor, "gather_facts", lambda **kw: seen.setdefault("facts", healthy(request=kw["request"])))
     doctor.diagnose(profile="discrete-gpu", env={"SGLANG_SSD_STREAM_ROW_CACHE_MB": "8"})
-    assert seen.pop("facts").request.row_cache["mib"] == 4096  # the launch sets the profile's over the inherited
+    assert seen.pop("facts").request.row_cache["mib"] == 8  # the launch keeps what the operator exported
+    doctor.diagnose(profile="discrete-gpu", env={})
+    assert seen.pop("facts").request.row_cache["mib"] == 4096  # else the profile's
     doctor.diagnose(env={"SGLANG_SSD_STREAM_ROW_CACHE_MB": "8"})
     assert seen.pop("facts").request.row_cache == {"variable": "SGLANG_SSD_STREAM_ROW_CACHE_MB", "mib": 8,
-                                                   "gib": 8 / 1024, "source": "the environment's"}
+                                                   "gib": 8 / 1024, "source": "exported"}
     _, findings = doctor.diagnose(env={"SGLANG_SSD_STREAM_ROW_CACHE_MB": "lots"})
     bad = only(findings, "row_cache")
     assert bad.level == ERROR and "SGLANG_SSD_STREAM_ROW_CACHE_MB='lots' is not an integer number of MiB" in bad.message

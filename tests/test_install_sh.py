@@ -82,7 +82,8 @@ def test_dry_run_changes_nothing(tmp_path):
 def test_dry_run_vllm_engine(tmp_path):
     r = run(["--engine", "vllm", "--dry-run", "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
     assert r.returncode == 0, r.stderr
-    assert f"-r {REPO}/hashes/locks/vllm-0.33.0-{PY}-{ARCH}.txt" in r.stdout and "vllm-ple-offload patch apply" in r.stdout
+    assert (f"-r {REPO}/hashes/locks/vllm-0.33.0-{PY}-{ARCH}.txt" in r.stdout
+            and "vllm-ple-offload patch apply" in r.stdout)
     assert not (tmp_path / "rt").exists()
 
 
@@ -180,7 +181,8 @@ def test_real_install_then_verified_noop_rerun(tmp_path):
     # and compiles them.
     home = tmp_path / "kit-home"
     built = subprocess.run([str(venv / "bin" / "python"), "-c",
-                            "from sglang_ssd_stream.staging import native_read as n; n.load(); print(n.library_path())\n"
+                            "from sglang_ssd_stream.staging import native_read as n; n.load(); "
+                            "print(n.library_path())\n"
                             "from sglang_ssd_stream.sidecar import row_cache as r, native\n"
                             "r.load(); print(native.library_path(r.SOURCE, r.LIB_NAME))"],
                            env={**os.environ, "SGLANG_SSD_STREAM_HOME": str(home)}, cwd=tmp_path,
@@ -308,7 +310,8 @@ def test_check_deep_hashes_every_record_file(tmp_path, deep):
     r = run(["--check", *(["--deep"] if deep else []), "--unlocked", "--python", sys.executable,
              "--prefix", str(tmp_path / "rt"), "--bin-dir", str(tmp_path / "bin")])
     called = [line for line in r.stdout.splitlines() if line.startswith("verify called with:")]
-    assert called == [f"verify called with: patch verify {'--deep ' if deep else ''}--python {venv}/bin/python"], r.stdout
+    assert called == [f"verify called with: patch verify {'--deep ' if deep else ''}"
+                      f"--python {venv}/bin/python"], r.stdout
 
 
 def test_deep_needs_check(tmp_path):

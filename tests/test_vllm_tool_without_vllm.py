@@ -33,7 +33,8 @@ def model(tmp_path):
 
 
 def test_this_runtime_has_no_vllm():
-    assert importlib.util.find_spec("vllm") is None, "run this test in the SGLang runtime's venv (scripts/test.sh sglang)"
+    assert importlib.util.find_spec("vllm") is None, (
+        "run this test in the SGLang runtime's venv (scripts/test.sh sglang)")
 
 
 @pytest.mark.parametrize("args", [

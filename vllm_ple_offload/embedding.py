@@ -176,7 +176,8 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
         self._logged_at = 0
         cache = ("no row cache" if self.row_cache is None else
                  f"row cache {self.row_cache.capacity} rows ({fmt_bytes(self.row_cache.working_set_bytes)}, "
-                 f"{self.row_cache.policy}, misses read {'O_DIRECT' if self.row_cache.direct else 'buffered, pages dropped'})")
+                 f"{self.row_cache.policy}, misses read "
+                 f"{'O_DIRECT' if self.row_cache.direct else 'buffered, pages dropped'})")
         log.info("PLE %s: sidecar %s rows [%d, %d), %s reads x %d, %s, staging %s eager + %s graph rows (%s), "
                  "working set %s", prefix, self.table.file, start, end, settings.backend, settings.fetch_workers, cache,
                  capacity, self._gather.graph_rows, fmt_bytes(self._gather.pinned_bytes),

@@ -124,7 +124,8 @@ class PleSettings:
 
 
 def _digits(name: str, raw: str, expected: str) -> int:
-    """The one rule for numbers and switches: ASCII digits only (``int()`` would take ``+8``, ``1_6``, `` 8 ``, ``٨``)."""
+    """The one rule for numbers and switches: ASCII digits only (``int()`` would take ``+8``, ``1_6``,
+    `` 8 ``, ``٨``)."""
     try:
         return ascii_int(raw)
     except ValueError:

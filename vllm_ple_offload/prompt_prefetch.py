@@ -204,9 +204,9 @@ def refuse_v1(settings: env.PleSettings):
             @functools.wraps(original)
             def wrapper(self, *args, **kwargs):
                 raise PleSettingsError(
-                    f"{env.ROW_CACHE_MB}={settings.row_cache_mb}: prompt-ahead prefetch runs in vLLM's V2 model runner, "
-                    f"but this worker builds the V1 runner ({RUNNER_V1}: VLLM_USE_V2_MODEL_RUNNER=0, or a feature the "
-                    f"V2 runner lacks); use the V2 runner, or set {env.ROW_CACHE_MB}=0")
+                    f"{env.ROW_CACHE_MB}={settings.row_cache_mb}: prompt-ahead prefetch runs in vLLM's V2 model "
+                    f"runner, but this worker builds the V1 runner ({RUNNER_V1}: VLLM_USE_V2_MODEL_RUNNER=0, or a "
+                    f"feature the V2 runner lacks); use the V2 runner, or set {env.ROW_CACHE_MB}=0")
             return wrapper
 
         _replace(module.GPUModelRunner, "__init__", init, vllm_decorated=True)  # JitWarmupRegistry.capture

@@ -29,7 +29,8 @@ def systemd_quote(arg: str) -> str:
 
 def render_systemd(*, name: str, description: str, user: str, group: str | None, workdir: str, home: str,
                    exec_argv: list[str], environment: dict[str, str] | None = None) -> str:
-    env_lines = "".join(f"Environment={systemd_quote(f'{k}={v}')}\n" for k, v in {"HOME": home, **(environment or {})}.items())
+    env_lines = "".join(f"Environment={systemd_quote(f'{k}={v}')}\n"
+                        for k, v in {"HOME": home, **(environment or {})}.items())
     return (
         "[Unit]\n"
         f"Description={description}\n"
@@ -65,8 +66,9 @@ def _y(value) -> str:
 API_KEY_ENV = "VLLM_API_KEY"
 
 
-def render_compose(profile: Profile, side: EngineSide, *, service: str, image: str, model_dir: str, cache_dir: str, port: int | None,
-                   publish: str, require_api_key: bool, allow_unauthenticated: bool, served_names: tuple[str, ...],
+def render_compose(profile: Profile, side: EngineSide, *, service: str, image: str, model_dir: str, cache_dir: str,
+                   port: int | None, publish: str, require_api_key: bool, allow_unauthenticated: bool,
+                   served_names: tuple[str, ...],
                    gpus: tuple[str, ...] | None = None, chat_template: str | None = None, shm_size: str = "32g",
                    extra: list[str] | tuple[str, ...] = ()) -> str:
     """Compose file of write-up 002: SYS_PTRACE (pidfd_getfd for PLE IPC), memlock -1, ipc host; never privileged."""

@@ -2,10 +2,10 @@
 (the row cache's ``sidecar/row_cache.c``, the captured read's ``staging/native_read.c``).
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang`` on PATH; not
-Python's build-time ``CC``: a relocatable Python reports the compiler of the machine it was built on) \
-into ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed by the
-source, the compiler and its version, the flags, the machine and its C library: a cache shared
-between hosts never hands one of them a library built for another. It is compiled under a file lock
+Python's build-time ``CC``: a relocatable Python reports the compiler of the machine it was built
+on) into ``$SGLANG_SSD_STREAM_HOME/native/<key>/``, keyed by the source, the compiler and its version,
+the flags, the machine and its C library: a cache shared between hosts never hands one of them a
+library built for another. It is compiled under a file lock
 into a temporary name and renamed, so concurrent workers and a crash leave either no library or a
 whole one.
 

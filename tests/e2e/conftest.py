@@ -417,7 +417,8 @@ def qwen4_foreign_sidecar(stage, qwen4_model, other_rows_sidecar) -> Scenario:
     """The model with another checkpoint's self-consistent sidecar: refused at load (the shard spot-check)."""
     return stage.refuse("qwen4-sidecar-foreign", "patched", qwen4_model, standin=True,
                         args=qwen4_args("--ple-offload-embedding"),
-                        env={"SGLANG_SSD_STREAM_SIDECAR": str(other_rows_sidecar), "SGLANG_SSD_STREAM_ROW_CACHE_MB": "0"})
+                        env={"SGLANG_SSD_STREAM_SIDECAR": str(other_rows_sidecar),
+                             "SGLANG_SSD_STREAM_ROW_CACHE_MB": "0"})
 
 
 @pytest.fixture(scope="session", params=["truncated", "tampered"])

@@ -30,7 +30,8 @@ def token_ids(n: int, seed: int = 0) -> list[int]:
     return [10 + (i * 37 + seed * 101) % 980 for i in range(n)]
 
 
-LOAD_KEYS = ("timestamp", "num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_running_requests", "speculative")
+LOAD_KEYS = ("timestamp", "num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_running_requests",
+             "speculative")
 
 
 def loads(server: SglangServer) -> dict:

@@ -135,8 +135,8 @@ class SglangServer:
             "HOME": str(self.home), "SGLANG_USE_CPU_ENGINE": "1", "TRITON_INTERPRET": "1",
             "LD_LIBRARY_PATH": os.pathsep.join([str(self.driver_dir), *filter(None, [env.get("LD_LIBRARY_PATH")])]),
             "PYTHONPATH": os.pathsep.join([*path, str(REPO)]), "PYTHONDONTWRITEBYTECODE": "1",
-            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
         })
         env.update(self.env)
         self._log = open(self.log_path, "w")
@@ -276,7 +276,9 @@ class SglangServer:
         return httpx.post(f"{self.url}{path}", json=body, timeout=timeout)
 
     def complete(self, prompt, max_tokens: int, *, logprobs: bool = False, timeout: float = 300.0, **extra) -> dict:
-        """``/v1/completions``, greedy; ``prompt`` is text or a list of token ids. Returns the JSON (raises on HTTP errors)."""
+        """``/v1/completions``, greedy; ``prompt`` is text or a list of token ids.
+
+        Returns the JSON (raises on HTTP errors)."""
         body = {"model": str(self.model), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **extra}
         if logprobs:
             body["logprobs"] = 1

@@ -42,7 +42,8 @@ def _parser(engine):
 
 
 def test_thor_exact_argv_and_env():
-    launch = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY, base_env={"PATH": "/bin"})
+    launch = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY,
+                          base_env={"PATH": "/bin"})
     assert launch.argv == [PY, "-m", "sglang.launch_server", *THOR_ARGS, "--host", "127.0.0.1", "--port", "8000"]
     assert launch.env == {"PATH": "/bin", "SGLANG_PLUGINS": "ssd_stream", "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB": "32",
                           "SGLANG_EMPTY_CACHE_INTERVAL": "60", "SGLANG_SANITIZE_NAN_LOGITS": "1",
@@ -77,7 +78,8 @@ def test_an_exported_plugin_list_may_add_plugins_never_drop_ours(exported, ok):
 
 
 def test_discrete_gpu_profile_values():
-    launch = build_launch(PROFILES["sglang", "discrete-gpu"], SIDES["sglang"], model="/m", draft="/d", python=PY, base_env={})
+    launch = build_launch(PROFILES["sglang", "discrete-gpu"], SIDES["sglang"], model="/m", draft="/d", python=PY,
+                          base_env={})
     a = launch.argv
     pairs = {a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}
     assert pairs["--kv-cache-dtype"] == pairs["--speculative-draft-kv-cache-dtype"] == "fp8_e4m3"
@@ -88,8 +90,8 @@ def test_discrete_gpu_profile_values():
 
 
 def test_vllm_a100x4_exact_argv_and_env():
-    launch = build_launch(PROFILES["vllm", "a100x4"], SIDES["vllm"], model="/model", host="0.0.0.0", api_key="k", python=PY,
-                          served_names=("qwen3.8-flash-next", "qwen3.8-27b-int8-w8a16"), base_env={})
+    launch = build_launch(PROFILES["vllm", "a100x4"], SIDES["vllm"], model="/model", host="0.0.0.0", api_key="k",
+                          python=PY, served_names=("qwen3.8-flash-next", "qwen3.8-27b-int8-w8a16"), base_env={})
     assert launch.argv == [
         "/venv/bin/vllm", "serve", "/model", "--tensor-parallel-size", "4", "--enable-expert-parallel",
         "--max-model-len", "262144", "--max-num-seqs", "8", "--max-num-batched-tokens", "16384",
@@ -116,22 +118,27 @@ def test_open_bind_without_key_refused(host):
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
 def test_loopback_needs_no_key(host):
-    assert "--api-key" not in build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host=host, base_env={}).argv
+    assert "--api-key" not in build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d",
+                                           host=host, base_env={}).argv
 
 
 def test_open_bind_with_key_or_explicit_allow():
-    a = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0", api_key="s3cret", base_env={})
+    a = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0",
+                     api_key="s3cret", base_env={})
     assert a.argv[-4:] == ["--port", "8000", "--api-key", "s3cret"]
     assert "s3cret" not in a.shell() and "--api-key '***'" in a.shell()
-    b = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0", allow_unauthenticated=True, base_env={})
+    b = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", host="0.0.0.0",
+                     allow_unauthenticated=True, base_env={})
     assert b.argv[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
 
 
 def test_served_name_alias_sglang():
-    a = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", served_names=("Qwen/Qwen3.6-27B-NVFP4",), base_env={})
+    a = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d",
+                     served_names=("Qwen/Qwen3.6-27B-NVFP4",), base_env={})
     assert a.argv[-2:] == ["--served-model-name", "Qwen/Qwen3.6-27B-NVFP4"]
     with pytest.raises(ServeRefused, match="sglang serves one --served-model-name"):
-        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", served_names=("a", "b"), base_env={})
+        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", served_names=("a", "b"),
+                     base_env={})
 
 
 def test_extra_args_override_profile_value_once():
@@ -149,7 +156,8 @@ def test_extra_args_cannot_bypass_serve_options(extra):
 
 def test_extra_running_requests_beyond_mamba_slots_refused():
     with pytest.raises(ServeRefused, match=r"--max-mamba-cache-size 16 admits only 4 of --max-running-requests 8.*32"):
-        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d", extra=["--max-running-requests", "8"], base_env={})
+        build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d",
+                     extra=["--max-running-requests", "8"], base_env={})
     ok = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/d",
                       extra=["--max-running-requests=8", "--max-mamba-cache-size=32"], base_env={})
     assert ok.argv[-2:] == ["--max-running-requests=8", "--max-mamba-cache-size=32"]
@@ -157,7 +165,8 @@ def test_extra_running_requests_beyond_mamba_slots_refused():
 
 def test_expandable_segments_refused_for_vllm():
     with pytest.raises(ServeRefused, match="pidfd_getfd"):
-        build_launch(PROFILES["vllm", "a100x4"], SIDES["vllm"], model="/m", base_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+        build_launch(PROFILES["vllm", "a100x4"], SIDES["vllm"], model="/m",
+                     base_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
 
 
 def test_unknown_profile_refused():

@@ -118,10 +118,11 @@ def test_compose_chat_template_mounted():
 
 
 def test_compose_refuses_sglang_profile():
-    with pytest.raises(ServeRefused, match="compose files are for the engines served from a container; SGLang profile thor"):
-        render_compose(PROFILES["sglang", "thor"], SIDES["sglang"], service="s", image="i", model_dir="/m", cache_dir="/c", port=None,
-                       publish="127.0.0.1", require_api_key=False, allow_unauthenticated=False, served_names=(),
-                       gpus=("0",))
+    with pytest.raises(ServeRefused,
+                       match="compose files are for the engines served from a container; SGLang profile thor"):
+        render_compose(PROFILES["sglang", "thor"], SIDES["sglang"], service="s", image="i", model_dir="/m",
+                       cache_dir="/c", port=None, publish="127.0.0.1", require_api_key=False,
+                       allow_unauthenticated=False, served_names=(), gpus=("0",))
 
 
 def _parsed(engine, argv):

@@ -131,7 +131,8 @@ def fake_host(root: Path, port: int, *, avail_gib=20.0, swap_used_gib=0.0) -> tu
 def set_mem(proc: Path, avail_gib: float, swap_used_gib: float = 0.0) -> None:
     kb = lambda g: int(g * 1024 * 1024)  # noqa: E731
     (proc / "meminfo").write_text(f"MemTotal: {kb(122.86)} kB\nMemFree: {kb(1)} kB\nMemAvailable: {kb(avail_gib)} kB\n"
-                                  f"Cached: {kb(30)} kB\nSwapTotal: {kb(16)} kB\nSwapFree: {kb(16 - swap_used_gib)} kB\n")
+                                  f"Cached: {kb(30)} kB\nSwapTotal: {kb(16)} kB\n"
+                                  f"SwapFree: {kb(16 - swap_used_gib)} kB\n")
 
 
 def watcher(tmp_path, endpoint, metrics=SGLANG_METRICS, **kw) -> W.Watcher:
@@ -215,12 +216,18 @@ def test_a_server_that_stops_answering_is_an_incident(tmp_path, endpoint, sglang
 def test_vllm_counters_become_interval_rates(tmp_path, endpoint):
     """vLLM exports counters only: acceptance over the interval from two samples."""
     def text(drafts, tokens, accepted, generated, kv, running):
-        return (f"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} {kv}\n"
-                f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}\n"
-                f"# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{{engine=\"0\",model_name=\"m\"}} {drafts}\n"
-                f"# TYPE vllm:spec_decode_num_draft_tokens counter\nvllm:spec_decode_num_draft_tokens_total{{engine=\"0\",model_name=\"m\"}} {tokens}\n"
-                f"# TYPE vllm:spec_decode_num_accepted_tokens counter\nvllm:spec_decode_num_accepted_tokens_total{{engine=\"0\",model_name=\"m\"}} {accepted}\n"
-                f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{{engine=\"0\",model_name=\"m\"}} {generated}\n")
+        return (f"# TYPE vllm:kv_cache_usage_perc gauge\n"
+                f"vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} {kv}\n"
+                f"# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}\n"
+                f"# TYPE vllm:spec_decode_num_drafts counter\n"
+                f"vllm:spec_decode_num_drafts_total{{engine=\"0\",model_name=\"m\"}} {drafts}\n"
+                f"# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+                f"vllm:spec_decode_num_draft_tokens_total{{engine=\"0\",model_name=\"m\"}} {tokens}\n"
+                f"# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+                f"vllm:spec_decode_num_accepted_tokens_total{{engine=\"0\",model_name=\"m\"}} {accepted}\n"
+                f"# TYPE vllm:generation_tokens counter\n"
+                f"vllm:generation_tokens_total{{engine=\"0\",model_name=\"m\"}} {generated}\n")
 
     w = watcher(tmp_path, endpoint, metrics=VLLM_METRICS)
     endpoint.metrics = text(1000, 2000, 1200, 5000, 0.3, 8)
@@ -282,7 +289,8 @@ def test_cgroup_v1(tmp_path):
     (cg / "memory" / "docker" / "x" / "memory.usage_in_bytes").write_text("1000\n")
     (cg / "memory" / "docker" / "x" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     (cg / "cpu,cpuacct" / "docker" / "x").mkdir(parents=True)
-    (cg / "cpu,cpuacct" / "docker" / "x" / "cpu.stat").write_text("nr_periods 5\nnr_throttled 3\nthrottled_time 2000000000\n")
+    (cg / "cpu,cpuacct" / "docker" / "x" / "cpu.stat").write_text("nr_periods 5\nnr_throttled 3\n"
+                                                                   "throttled_time 2000000000\n")
     assert W.cgroup_stats(proc, cg, 7) == {"memory_bytes": 1000, "memory_limit_bytes": None, "throttled_s": 2.0,
                                            "nr_throttled": 3}
 

@@ -18,11 +18,16 @@ EXPECTED = {
     *(f"test_a_self_consistent_sidecar_of_another_checkpoint_is_refused_at_load[tp{i}]" for i in range(2)),
     "test_read_error_after_bind_fails_closed[pread-SidecarTruncated-truncated: it has 4096 bytes]",
     "test_read_error_after_bind_fails_closed[mmap-SidecarTruncated-truncated: it has 4096 bytes]",
-    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]",
-    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d]",
-    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-0-SGLANG_SSD_STREAM_READ_WORKERS=0 is out of range 1..256]",
-    "test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-100000-SGLANG_SSD_STREAM_READ_WORKERS=100000 is out of range 1..256]",
-    f"test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_MAX_TOKENS-{10**30}-SGLANG_SSD_STREAM_PLE_MAX_TOKENS={10**30} is out of range 1..1048576]",
+    ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-"
+     "SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]"),
+    ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-"
+     "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d]"),
+    ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-0-"
+     "SGLANG_SSD_STREAM_READ_WORKERS=0 is out of range 1..256]"),
+    ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-100000-"
+     "SGLANG_SSD_STREAM_READ_WORKERS=100000 is out of range 1..256]"),
+    (f"test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_MAX_TOKENS-{10**30}-"
+     f"SGLANG_SSD_STREAM_PLE_MAX_TOKENS={10**30} is out of range 1..1048576]"),
     "test_bad_knob_values_stop_the_plugin_at_start[retired-switch-interval]",
     *(f"test_binding_for_cuda_graphs_needs_the_native_host_node_library[{cc}-{io}]"
       for cc in ("working", "broken") for io in ("mmap", "pread")),

@@ -11,10 +11,14 @@ EXPECTED = {
     "test_the_budget_is_split_over_the_bound_layers",
     "test_a_budget_that_holds_no_row_is_refused_naming_the_knob",
     "test_a_cache_that_cannot_be_built_stops_the_load",
-    "test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_ROW_CACHE_MB-lots-SGLANG_SSD_STREAM_ROW_CACHE_MB='lots' is not an integer number of MiB]",
-    "test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_ROW_CACHE_MB--1-SGLANG_SSD_STREAM_ROW_CACHE_MB=-1 is out of range 0..1048576 MiB]",
-    "test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PREFETCH_CHUNKS-65-SGLANG_SSD_STREAM_PREFETCH_CHUNKS=65 is out of range 0..64 chunks]",
-    "test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PREFETCH_CHUNKS-two-SGLANG_SSD_STREAM_PREFETCH_CHUNKS='two' is not an integer number of prefill chunks ahead]",
+    ("test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_ROW_CACHE_MB-lots-"
+     "SGLANG_SSD_STREAM_ROW_CACHE_MB='lots' is not an integer number of MiB]"),
+    ("test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_ROW_CACHE_MB--1-"
+     "SGLANG_SSD_STREAM_ROW_CACHE_MB=-1 is out of range 0..1048576 MiB]"),
+    ("test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PREFETCH_CHUNKS-65-"
+     "SGLANG_SSD_STREAM_PREFETCH_CHUNKS=65 is out of range 0..64 chunks]"),
+    ("test_bad_row_cache_knobs_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PREFETCH_CHUNKS-two-"
+     "SGLANG_SSD_STREAM_PREFETCH_CHUNKS='two' is not an integer number of prefill chunks ahead]"),
     "test_memory_line_states_cache_and_staging_bytes",
     "test_scheduler_hooks_land_on_the_real_targets",
     "test_prepare_for_forward_announces_the_chunk_and_the_window_and_prefetches",

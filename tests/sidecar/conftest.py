@@ -77,7 +77,8 @@ def make_checkpoint(
             weight_map.update({n: fname for n in chunk})
     if index:
         (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (path / "config.json").write_text(json.dumps({"model_type": "qwen4_exp", "text_config": {"split_ngram_parts": parts}}))
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen4_exp",
+                                                  "text_config": {"split_ngram_parts": parts}}))
     return Checkpoint(path, tables, dtypes, scales, parts)
 
 

@@ -14,8 +14,8 @@ def test_bench_script_writes_its_ratios(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(REPO / "scripts/bench_sidecar_cpu.py"), "--dir", str(tmp_path / "d"),
            "--table-gib", "0.02", "--rows-per-call", "512", "--cold-calls", "1", "--warm-calls", "2",
-           "--warm-gib", "0.01", "--chunk-tokens", "64", "--fio-seconds", "1", "--qd", "4", "--install-fio", "--io-uring",
-           "--out", str(out)]
+           "--warm-gib", "0.01", "--chunk-tokens", "64", "--fio-seconds", "1", "--qd", "4", "--install-fio",
+           "--io-uring", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())

@@ -34,7 +34,8 @@ def test_parts_from_config_and_override(tmp_path):
         find_ple_shards(ck.path, split_ngram_parts=10)
     # a last shard shorter than the split rule allows: the rows no longer add up
     ck2 = make_checkpoint(tmp_path / "ck2", {1: ("float8_e4m3fn", 1000, 16)}, parts=7, resize_shard={1: (6, 10)})
-    with pytest.raises(SidecarCheckpointError, match=r"shard_0.weight has 143 rows, expected 124 \(ceil\(868 / 7\) = 124"):
+    with pytest.raises(SidecarCheckpointError,
+                       match=r"shard_0.weight has 143 rows, expected 124 \(ceil\(868 / 7\) = 124"):
         find_ple_shards(ck2.path)
 
 

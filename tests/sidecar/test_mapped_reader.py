@@ -175,7 +175,8 @@ def test_row_id_outside_table_writes_nothing(table, ref, bad):
     ids = np.array([0, 7, bad, 9], dtype=np.int64)
     out = np.full((4, table.row_bytes), 0x77, np.uint8)
     with MappedReader(table, vocab_start=0, vocab_end=2000, max_rows=16) as r:
-        with pytest.raises(SidecarRowOutOfRange, match=rf"row id {bad} \(position 2\) is outside table .*0 <= id < 5003"):
+        with pytest.raises(SidecarRowOutOfRange,
+                           match=rf"row id {bad} \(position 2\) is outside table .*0 <= id < 5003"):
             r.read_rows(ids, out)
         assert (out == 0x77).all()
         r.read_rows(ids[[0, 1, 3]], out[:3])  # a caller bug does not break the reader
@@ -186,7 +187,8 @@ def test_row_id_outside_table_writes_nothing(table, ref, bad):
 
 def test_bad_output_ids_and_arguments(table):
     with MappedReader(table, max_rows=16) as r:
-        with pytest.raises(SidecarShapeMismatch, match=r"output must be a writable C-contiguous uint8 array of shape \(3, 160\)"):
+        with pytest.raises(SidecarShapeMismatch,
+                           match=r"output must be a writable C-contiguous uint8 array of shape \(3, 160\)"):
             r.read_rows(np.array([1, 2, 3]), np.empty((3, 320), np.uint8)[:, :160])
         with pytest.raises(SidecarShapeMismatch, match="1-D integer array"):
             r.read_rows(np.array([1.0]), np.empty((1, 160), np.uint8))

@@ -97,7 +97,8 @@ def test_row_id_outside_table(table, ref, bad):
     ids = np.array([0, 7, bad, 9], dtype=np.int64)
     out = np.full((4, table.row_bytes), 0x77, np.uint8)
     with SidecarReader(table, vocab_start=0, vocab_end=2000, max_rows=16) as r:
-        with pytest.raises(SidecarRowOutOfRange, match=rf"row id {bad} \(position 2\) is outside table .*0 <= id < 5003"):
+        with pytest.raises(SidecarRowOutOfRange,
+                           match=rf"row id {bad} \(position 2\) is outside table .*0 <= id < 5003"):
             r.read_rows(ids, out)
         assert (out == 0x77).all()  # nothing written
         r.read_rows(ids[[0, 1, 3]], out[:3])  # a caller bug does not break the reader
@@ -111,7 +112,8 @@ def test_bad_output_or_ids(table):
         ids = np.array([1, 2, 3])
         for out in [np.empty((3, 159), np.uint8), np.empty((3, 160), np.int8), np.empty((2, 160), np.uint8),
                     np.empty((3, 320), np.uint8)[:, :160], [[0] * 160] * 3]:
-            with pytest.raises(SidecarShapeMismatch, match=r"output must be a writable C-contiguous uint8 array of shape \(3, 160\)"):
+            with pytest.raises(SidecarShapeMismatch,
+                               match=r"output must be a writable C-contiguous uint8 array of shape \(3, 160\)"):
                 r.read_rows(ids, out)
         with pytest.raises(SidecarShapeMismatch, match="1-D integer array"):
             r.read_rows(np.array([1.0, 2.0]), np.empty((2, 160), np.uint8))

@@ -29,7 +29,8 @@ def test_planner_matches_direct_indexing(tmp_path_factory, data):
     total = row_start + rows
     ids = np.array(data.draw(st.lists(st.integers(0, total - 1), max_size=400)), dtype=np.int64)
     spill_pages = (row_bytes + PAGE_SIZE - 2) // PAGE_SIZE
-    buffer = data.draw(st.one_of(st.none(), st.integers(spill_pages + 1, spill_pages + 12).map(lambda p: p * PAGE_SIZE)))
+    buffer = data.draw(st.one_of(st.none(),
+                                 st.integers(spill_pages + 1, spill_pages + 12).map(lambda p: p * PAGE_SIZE)))
     reader = SidecarReader(
         t, vocab_start=lo, vocab_end=hi, max_rows=data.draw(st.integers(1, 500)),
         workers=data.draw(st.integers(1, 3)), max_read_bytes=PAGE_SIZE * data.draw(st.integers(1, 8)),

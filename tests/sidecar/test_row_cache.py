@@ -325,7 +325,8 @@ def _resident_pages(path: Path) -> int:
     vec = np.zeros((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE, np.uint8)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
         view = np.frombuffer(m, np.uint8)
-        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), ctypes.c_void_p(vec.ctypes.data)) == 0
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
+                            ctypes.c_void_p(vec.ctypes.data)) == 0
         del view
     return int((vec & 1).sum())
 

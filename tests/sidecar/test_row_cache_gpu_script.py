@@ -29,10 +29,12 @@ def _sglang_qwen4_exp() -> Path:
 
 def test_cpu_smoke_writes_every_section(tmp_path):
     out = tmp_path / "r.json"
-    cmd = [sys.executable, str(SCRIPT), "--cpu-smoke", "--qwen4-exp", str(_sglang_qwen4_exp()), "--dir", str(tmp_path / "d"),
+    cmd = [sys.executable, str(SCRIPT), "--cpu-smoke", "--qwen4-exp", str(_sglang_qwen4_exp()),
+           "--dir", str(tmp_path / "d"),
            "--table-gib", "0.01", "--bitexact-mib", "1", "--bitexact-rows", "64", "--budget-mib", "64",
            "--chunk-tokens", "16", "--chunks", "3", "--layers", "4", "--ple-layer", "2", "--layer-ms", "1",
-           "--windows", "0", "1", "--memory-chunk-tokens", "64", "--memory-chunks", "2", "--reps", "2", "--out", str(out)]
+           "--windows", "0", "1", "--memory-chunk-tokens", "64", "--memory-chunks", "2", "--reps", "2",
+           "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

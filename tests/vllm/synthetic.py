@@ -56,5 +56,6 @@ def write_view(view: Path, prepared: Path) -> Path:
     for table in sorted((prepared / "ple").iterdir()):
         (view / "ple" / table.name).symlink_to(table)
     (view / MARKER_NAME).write_text(json.dumps({"format": MARKER_FORMAT, "version": 1, "prepared": str(prepared),
-                                                "trusted_roots": [str(prepared)], "entries": ["ple", "ssd-stream.json"]}))
+                                                "trusted_roots": [str(prepared)],
+                                                "entries": ["ple", "ssd-stream.json"]}))
     return view / "ssd-stream.json"

@@ -71,7 +71,8 @@ def test_the_doctor_refuses_what_the_plugin_refuses(vllm, bad):
     assert doc["settings"]["error"] == parsed.value.message and doc["settings"]["plugin_enabled"] is False
     plugin = subprocess.run([vllm.python, "-c", "import vllm.plugins; vllm.plugins.load_general_plugins()"],
                             capture_output=True, text=True, env=vllm.env(bad), timeout=600)
-    assert plugin.returncode != 0 and f"vllm-ple-offload plugin: PleSettingsError: {parsed.value.message}" in plugin.stderr
+    assert (plugin.returncode != 0
+            and f"vllm-ple-offload plugin: PleSettingsError: {parsed.value.message}" in plugin.stderr)
 
 
 def test_healthy_streaming_configuration_passes_with_the_escape_hatch(vllm, sidecar):
@@ -99,9 +100,9 @@ def test_every_refusal_at_once(vllm, sidecar):
     data = bytearray(table.read_bytes())
     data[len(data) // 2] ^= 1
     table.write_bytes(bytes(data))
-    r = doctor(vllm, "--json", VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="pread", VLLM_PLE_SIDECAR=str(sidecar),
-               VLLM_PLE_ALLOW_UNPATCHED="1", VLLM_PLE_FETCH_WORKERS="256", VLLM_PLE_ROWS_PER_TASK="1048576",
-               VLLM_PLUGINS="other")
+    r = doctor(vllm, "--json", VLLM_PLE_CPU_OFFLOAD="1", VLLM_PLE_OFFLOAD_BACKEND="pread",
+               VLLM_PLE_SIDECAR=str(sidecar), VLLM_PLE_ALLOW_UNPATCHED="1", VLLM_PLE_FETCH_WORKERS="256",
+               VLLM_PLE_ROWS_PER_TASK="1048576", VLLM_PLUGINS="other")
     assert r.returncode == 2, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     bad = {f["check"] for f in doc["findings"] if f["level"] == "error"}

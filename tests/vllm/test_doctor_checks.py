@@ -141,13 +141,15 @@ def test_sidecar_disks_use_the_shared_classification(tmp_path, monkeypatch, fsty
     mounts = tmp_path / "mounts"
     mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\nsrc {(tmp_path / 'art').resolve()} {fstype} rw 0 0\n")
     monkeypatch.setattr(storage, "MOUNTS_PATH", str(mounts))
-    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM_PLE_SIDECAR": str(man)})
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap",
+                           "VLLM_PLE_SIDECAR": str(man)})
     from sglang_ssd_stream.sidecar.errors import SidecarWarning
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         [disk] = preflight.sidecar_disks(s)
-    network_warnings = [w for w in seen if issubclass(w.category, SidecarWarning) and "network filesystem" in str(w.message)]
+    network_warnings = [w for w in seen
+                        if issubclass(w.category, SidecarWarning) and "network filesystem" in str(w.message)]
     assert len(network_warnings) == (kind == "network")  # the manifest's warning agrees with the classification
     assert (disk.fstype, disk.kind) == (fstype, kind)
     assert storage.classify_disk(disk.path).kind == kind
@@ -167,8 +169,10 @@ def test_sidecar_disks_classify_every_table(tmp_path):
 
     from tests.vllm.synthetic import write_sidecar
 
-    man = write_sidecar(tmp_path, {3: ("bfloat16", np.zeros((4, 8), np.uint8)), 7: ("bfloat16", np.ones((4, 8), np.uint8))})
-    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM_PLE_SIDECAR": str(man)})
+    man = write_sidecar(tmp_path, {3: ("bfloat16", np.zeros((4, 8), np.uint8)),
+                                   7: ("bfloat16", np.ones((4, 8), np.uint8))})
+    s = env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap",
+                           "VLLM_PLE_SIDECAR": str(man)})
     disks = preflight.sidecar_disks(s)
     assert [d.path.rsplit("/", 1)[-1] for d in disks] == ["layer-3.bin", "layer-7.bin"]
 

@@ -82,7 +82,8 @@ def test_local_label_of_a_known_release_is_judged_by_its_hashes(vllm, venv_site,
 @pytest.mark.parametrize("version", ["0.33.1+cu129", "0.33.0.post1", "0.33.0rc1"])
 def test_other_public_releases_stay_unknown(vllm, venv_site, tmp_path, version):
     r = status(vllm, site_with(tmp_path, venv_site, version))
-    assert r.returncode == 2 and f"vllm {version} is installed" in r.stderr and "which this kit does not know" in r.stderr
+    assert (r.returncode == 2 and f"vllm {version} is installed" in r.stderr
+            and "which this kit does not know" in r.stderr)
 
 
 def test_two_dist_infos_are_refused_naming_both(vllm, venv_site, tmp_path):

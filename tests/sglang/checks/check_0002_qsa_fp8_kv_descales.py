@@ -124,7 +124,8 @@ def test_pack_descales_exactly():
     k8, v8, r2t = _gather_problem(2)
     lens = [40, 96, 17]
     cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
-    pk, pv = sa.pack_qsa_prefill_kv(k=k8, v=v8, req_to_token=r2t, req_indices=torch.tensor([2, 0, 1], dtype=torch.int32),
+    pk, pv = sa.pack_qsa_prefill_kv(k=k8, v=v8, req_to_token=r2t,
+                                    req_indices=torch.tensor([2, 0, 1], dtype=torch.int32),
                                     cu_k=cu, total_k=sum(lens), max_k=max(lens), output_dtype=torch.bfloat16,
                                     k_scale=KS, v_scale=VS)
     slots = torch.cat([r2t[r, :n].long() for r, n in zip((2, 0, 1), lens, strict=False)])

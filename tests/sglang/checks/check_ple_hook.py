@@ -99,11 +99,13 @@ class _Model(nn.Module):
         self.model.layers = nn.ModuleList([nn.Module() for _ in range(LAYER + 1)])
         with get_parallel().override(**_tp(tp)):
             self.model.layers[LAYER].ple = nn.Module()
-            self.model.layers[LAYER].ple.ple_embedding = q.Qwen4ExpNGramEmbedding(cfg, cfg.ple_embed_dim, ple_layer_index=0)
+            self.model.layers[LAYER].ple.ple_embedding = q.Qwen4ExpNGramEmbedding(cfg, cfg.ple_embed_dim,
+                                                                                  ple_layer_index=0)
         self.config, self.start_layer, self.end_layer, self.language_model_only = cfg, 0, LAYER + 1, False
         self.pp_group = types.SimpleNamespace(is_last_rank=True, is_first_rank=True)
         self.tp = tp
-        self._load_qwen4_exp_ple_buffer = types.MethodType(q.Qwen4ExpForConditionalGeneration._load_qwen4_exp_ple_buffer, self)
+        self._load_qwen4_exp_ple_buffer = types.MethodType(
+            q.Qwen4ExpForConditionalGeneration._load_qwen4_exp_ple_buffer, self)
 
     @property
     def ngram(self):

@@ -368,7 +368,8 @@ def _scheduler(waiting: list, *, accept: bool = True):
     limit, no hierarchical cache; ``accept`` False: the priority check refuses the request (an abort)."""
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
-    return types.SimpleNamespace(_set_or_validate_priority=lambda req: accept, _release_aborted_request=lambda req: None,
+    return types.SimpleNamespace(_set_or_validate_priority=lambda req: accept,
+                                 _release_aborted_request=lambda req: None,
                                  disaggregation_mode=DisaggregationMode.NULL, _abort_on_queued_limit=lambda req: False,
                                  _prefetch_kvcache=lambda req: None, waiting_queue=waiting, processed_tokens_counter=0)
 

@@ -117,8 +117,9 @@ def scheduled_batch(vl, requests, eos: int):
         ngram_context=torch.full((len(requests) + 2, 2), eos, dtype=torch.int32), ngram_eos_token_id=eos,
         ngram_context_offsets=torch.arange(-2, 0, dtype=torch.int64))
     batch = types.SimpleNamespace(num_reqs=len(requests), idx_mapping=torch.arange(len(requests)))
-    req = types.SimpleNamespace(num_computed_tokens=types.SimpleNamespace(gpu=torch.tensor([c for _, c, _ in requests])),
-                                all_token_ids=types.SimpleNamespace(gpu=all_ids))
+    req = types.SimpleNamespace(
+        num_computed_tokens=types.SimpleNamespace(gpu=torch.tensor([c for _, c, _ in requests])),
+        all_token_ids=types.SimpleNamespace(gpu=all_ids))
     ctx = vl.State._prepare_ngram_context(state, batch, req)[:len(requests)].clone()
     ids = torch.tensor([x for t, c, k in requests for x in t[c:c + k]], dtype=torch.int64)
     qsl = torch.tensor(np.concatenate([[0], np.cumsum([k for _, _, k in requests])]), dtype=torch.int32)

@@ -48,7 +48,8 @@ def test_ptrace_denied_with_expandable_segments(monkeypatch, sidecar):
 
     monkeypatch.setattr(preflight, "_status_fields", lambda *a: NO_PTRACE)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    with pytest.raises(SystemExit, match=r"(?s)\[error\] ptrace: .*pidfd_getfd.*--cap-add SYS_PTRACE.*never --privileged"):
+    with pytest.raises(SystemExit,
+                       match=r"(?s)\[error\] ptrace: .*pidfd_getfd.*--cap-add SYS_PTRACE.*never --privileged"):
         harness.load_plugins(monkeypatch, streaming(sidecar))
 
 
@@ -67,7 +68,8 @@ def test_expandable_segments_with_ptrace_only_warns(monkeypatch, sidecar, caplog
 def test_unpatched_vllm_is_refused(monkeypatch, sidecar):
     settings = streaming(sidecar)
     del settings["VLLM_PLE_ALLOW_UNPATCHED"]
-    with pytest.raises(SystemExit, match=r"(?s)vllm 0.33.0 is not patched .*vllm-ple-offload patch apply.*ALLOW_UNPATCHED=1"):
+    with pytest.raises(SystemExit,
+                       match=r"(?s)vllm 0.33.0 is not patched .*vllm-ple-offload patch apply.*ALLOW_UNPATCHED=1"):
         harness.load_plugins(monkeypatch, settings)
 
 
@@ -157,8 +159,9 @@ def test_corrupted_sidecar_never_reaches_a_forward(monkeypatch, sidecar, backend
 
     flip_middle_byte(sidecar)
     doctor._verified.clear()
-    with pytest.raises(SystemExit, match=r"(?s)\[error\] sidecar_sha: PLE table ple/layer-3.bin \(layer 3\) has SHA-256 "
-                                         r"[0-9a-f]{64}, expected [0-9a-f]{64}.*never serve it with VLLM_PLE_NO_VERIFY"):
+    with pytest.raises(SystemExit,
+                       match=r"(?s)\[error\] sidecar_sha: PLE table ple/layer-3.bin \(layer 3\) has SHA-256 "
+                             r"[0-9a-f]{64}, expected [0-9a-f]{64}.*never serve it with VLLM_PLE_NO_VERIFY"):
         harness.load_plugins(monkeypatch, streaming(sidecar, VLLM_PLE_OFFLOAD_BACKEND=backend))
     ne, common = harness.modules()
     assert ne.Qwen4ExpPLEPinnedHostEmbedding is common.Qwen4ExpPLEPinnedHostEmbedding  # nothing swapped in
@@ -257,9 +260,10 @@ def test_method_changed_after_the_class_definition_is_refused(monkeypatch, sidec
 
     new = {"rebound": replacement, "wrapped": functools.wraps(original)(replacement),
            "staticmethod": staticmethod(replacement)}[how]
-    with pytest.raises(SystemExit, match=r"not the code the kit verified: vllm/models/qwen4_exp/common/ngram_embedding.py:"
-                                         r"Qwen4ExpPLEEmbedding._gather_dp_ids as Python calls it is not the verified "
-                                         r"function"):
+    with pytest.raises(SystemExit,
+                       match=r"not the code the kit verified: vllm/models/qwen4_exp/common/ngram_embedding.py:"
+                             r"Qwen4ExpPLEEmbedding._gather_dp_ids as Python calls it is not the verified "
+                             r"function"):
         harness.load_plugins(monkeypatch, streaming(sidecar),
                              prepare=lambda ne: monkeypatch.setattr(cls, "_gather_dp_ids", new))
 
@@ -285,8 +289,9 @@ def test_decorated_method_rewrapped_by_another_decorator_is_refused(monkeypatch,
 def test_module_global_rebound_is_refused(monkeypatch, sidecar):
     import vllm.compilation.breakable_cudagraph as bc
 
-    with pytest.raises(SystemExit, match=r"vllm/compilation/breakable_cudagraph.py:eager_break_during_capture as Python "
-                                         r"calls it is not the verified function"):
+    with pytest.raises(SystemExit,
+                       match=r"vllm/compilation/breakable_cudagraph.py:eager_break_during_capture as Python "
+                             r"calls it is not the verified function"):
         harness.load_plugins(monkeypatch, streaming(sidecar),
                              prepare=lambda ne: monkeypatch.setattr(bc, "eager_break_during_capture", lambda fn: fn))
 

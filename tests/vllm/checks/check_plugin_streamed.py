@@ -125,8 +125,9 @@ FULL_MODES = ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"]
 def test_pread_refuses_full_cuda_graphs(tmp_path, monkeypatch, mode):
     cfg, _, _, manifest = make_sidecar(tmp_path, "bfloat16")
     harness.load_plugins(monkeypatch, settings("pread", manifest))
-    with pytest.raises(PleSettingsError, match=f"cudagraph_mode={mode}: pread PLE backend under FULL CUDA graphs: "
-                                               r".*not hidden.*VLLM_PLE_OFFLOAD_BACKEND=mmap.*PIECEWISE.*--enforce-eager"):
+    with pytest.raises(PleSettingsError,
+                       match=f"cudagraph_mode={mode}: pread PLE backend under FULL CUDA graphs: "
+                             r".*not hidden.*VLLM_PLE_OFFLOAD_BACKEND=mmap.*PIECEWISE.*--enforce-eager"):
         harness.build(cfg, cudagraph_mode=mode)
 
 
@@ -152,7 +153,8 @@ def _crafted_ids(rows: int, heads: int, seed: int) -> dict[str, torch.Tensor]:
     rng = np.random.default_rng(seed)
     edges = np.array([0, 1, rows // 2 - 1, rows // 2, rows - 2, rows - 1])
     return {"random": rng.integers(0, rows, (40, heads)), "boundaries": np.resize(edges, (9, heads)),
-            "duplicates": rng.choice(rng.integers(0, rows, 3), (23, heads)), "one_token": rng.integers(0, rows, (1, heads))}
+            "duplicates": rng.choice(rng.integers(0, rows, 3), (23, heads)),
+            "one_token": rng.integers(0, rows, (1, heads))}
 
 
 @pytest.fixture
@@ -160,7 +162,8 @@ def streamed(tmp_path, monkeypatch, request):
     """The real embedding (plugin-selected) of an FP8 sidecar, its checkpoint scale loaded."""
     backend, mode, *cache = request.param
     cfg, lay, table, manifest = make_sidecar(tmp_path, "float8_e4m3fn", seed=5)
-    harness.load_plugins(monkeypatch, {**settings(backend, manifest), **({"VLLM_PLE_ROW_CACHE_MB": cache[0]} if cache else {})})
+    harness.load_plugins(monkeypatch, {**settings(backend, manifest),
+                                       **({"VLLM_PLE_ROW_CACHE_MB": cache[0]} if cache else {})})
     model = harness.build(cfg, cudagraph_mode=mode)
     model.load_weights([("ngram_embedding.weight_scale", torch.tensor([0.5], dtype=torch.float32))])
     return model.ngram_embedding, lay, table
@@ -179,7 +182,8 @@ def test_crafted_ids_through_the_embedding_are_the_table_rows(streamed):
 @pytest.mark.parametrize("streamed", [("pread", "NONE"), ("mmap", "FULL_AND_PIECEWISE")], indirect=True,
                          ids=["pread", "mmap"])
 @pytest.mark.parametrize("bad,error,match", [
-    ("float", TypeError, "PLE n-gram ids must be int64, got torch.float32 \\(floating-point ids are refused, not truncated\\)"),
+    ("float", TypeError, "PLE n-gram ids must be int64, got torch.float32 "
+                         "\\(floating-point ids are refused, not truncated\\)"),
     ("int32", TypeError, "PLE n-gram ids must be int64, got torch.int32$"),
     ("too_large", SidecarRowOutOfRange, "row id {rows} .*outside table"),
     ("negative", SidecarRowOutOfRange, "row id -1 .*outside table"),
@@ -225,7 +229,8 @@ def test_a_full_graph_captures_the_native_host_read(streamed, simulated_capture,
         got = _lookup(emb, torch.from_numpy(ids))
         assert np.array_equal(got.view(torch.uint8).numpy(), harness.rows_of(table, torch.from_numpy(ids))), name
     if emb.row_cache is None:
-        assert len(simulated_capture) == 4 and all(isinstance(n, NativeRead) and n.io == "mmap" for n in simulated_capture)
+        assert len(simulated_capture) == 4 and all(isinstance(n, NativeRead) and n.io == "mmap"
+                                                   for n in simulated_capture)
     else:
         assert len(simulated_capture) == 4 and all(isinstance(n, HostRead) and n.cache is emb.row_cache
                                                    for n in simulated_capture)
@@ -241,8 +246,9 @@ def test_a_capture_larger_than_the_graph_slot_is_refused(tmp_path, monkeypatch, 
     emb = harness.build(cfg, cudagraph_mode="FULL_AND_PIECEWISE", max_tokens=64).ngram_embedding
     _lookup(emb, torch.zeros((1, lay.heads), dtype=torch.int64))  # allocates the prefetch buffer, as vLLM's warm-up
     emb._gather.graph_rows = 8 * lay.heads  # as if vLLM captured at most 8 tokens
-    with pytest.raises(StagingCapacityError, match=rf"captured PLE lookup needs {9 * lay.heads} rows but the graph slot "
-                                                   rf"holds {8 * lay.heads} .*max_cudagraph_capture_size"):
+    with pytest.raises(StagingCapacityError,
+                       match=rf"captured PLE lookup needs {9 * lay.heads} rows but the graph slot "
+                             rf"holds {8 * lay.heads} .*max_cudagraph_capture_size"):
         emb.start_prefetch(torch.zeros((9, lay.heads), dtype=torch.int64))
 
 
@@ -279,7 +285,8 @@ def test_vllm_runs_the_lookup_inside_full_captures_and_eagerly_between_piecewise
     # vLLM's weak reference is a compiled op (absent from a CPU install): an alias of the same storage.
     monkeypatch.setattr(bc, "weak_ref_tensor", lambda t: t.detach() if isinstance(t, torch.Tensor) else t)
     captured = []
-    monkeypatch.setattr(emb._gather, "capture", lambda i, o, s: (captured.append(i.numel()), emb._gather.begin(i, o, s)))
+    monkeypatch.setattr(emb._gather, "capture",
+                        lambda i, o, s: (captured.append(i.numel()), emb._gather.begin(i, o, s)))
     from sglang_ssd_stream.staging import gather
 
     monkeypatch.setattr(gather, "_capturing", lambda device: runtime_mode == "FULL")  # the stream state each mode has

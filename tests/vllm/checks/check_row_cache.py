@@ -209,7 +209,8 @@ def stand_in_runner(max_reqs: int = 8):
                                    num_computed_prefill_tokens=np.zeros(max_reqs, np.int32))
     appended = []
     return types.SimpleNamespace(req_states=states, kv_block_zeroer=None, kv_caches=None, appended=appended,
-                                 block_tables=types.SimpleNamespace(append_block_ids=lambda *a, **k: appended.append(a)))
+                                 block_tables=types.SimpleNamespace(
+                                     append_block_ids=lambda *a, **k: appended.append(a)))
 
 
 def new_request(runner, req_id: str, tokens: list[int], computed: int):

@@ -206,6 +206,18 @@ pip_install() {  # pip_install ARGS...: hash-checked unless --unlocked; a failur
     pip_pid=$!
     pip_starting=0
     pip_rc=0
+    # pip -q is silent for minutes: say every 30 s that it works and how far the venv has grown. Sleeping
+    # 1 s at a time keeps a signal's trap within a second.
+    pip_started=$(date +%s)
+    pip_next=30
+    while kill -0 "$pip_pid" 2>/dev/null; do
+        sleep 1
+        pip_now=$(( $(date +%s) - pip_started ))
+        if [ "$pip_now" -ge "$pip_next" ]; then
+            say "pip is still installing ($((pip_now / 60)) min $((pip_now % 60)) s; $(du -sm "$venv" 2>/dev/null | cut -f1) MB in $venv so far)"
+            pip_next=$((pip_next + 30))
+        fi
+    done
     wait "$pip_pid" || pip_rc=$?
     pip_pid=
     if [ $pip_rc -eq 0 ]; then
@@ -235,9 +247,9 @@ if engine_ok; then
     fi
 else
     if [ $unlocked -eq 1 ]; then
-        say "$engine $pin venv: creating WITHOUT hash checking (~11 GB on disk; 5-15 minutes, pip prints nothing meanwhile)"
+        say "$engine $pin venv: creating WITHOUT hash checking (~11 GB on disk; 5-15 minutes, a progress line every 30 s)"
     else
-        say "$engine $pin venv: creating from $lock, every wheel hash-checked (~11 GB on disk; 5-15 minutes, pip prints nothing meanwhile)"
+        say "$engine $pin venv: creating from $lock, every wheel hash-checked (~11 GB on disk; 5-15 minutes, a progress line every 30 s)"
     fi
     created_venv=1
     run rm -rf "$venv"
@@ -291,8 +303,13 @@ if ! link_ok; then
     mv -f "$tmp_link" "$bin_dir/$cli"  # rename(2): the old link is replaced atomically
 fi
 say "linked $bin_dir/$cli -> $venv/bin/$cli"
+case ":$PATH:" in
+    *":$bin_dir:"*) ;;
+    *) say "$bin_dir is not on your PATH: add it (e.g. in ~/.profile): export PATH=\"$bin_dir:\$PATH\"" ;;
+esac
 if [ "$engine" = sglang ]; then
-    say "serve with: $vpy -m sglang.launch_server --model-path <model> ... (SGLANG_PLUGINS=ssd_stream)"
+    say "serve with: $cli serve --profile <profile> --model <dir> (or $venv/bin/sglang serve --model-path <model> ... with SGLANG_PLUGINS=ssd_stream)"
+    say "the vLLM side (vllm-ple-offload) is a separate runtime: ./install.sh --engine vllm"
 else
-    say "serve with: $venv/bin/vllm serve <model> ..."
+    say "serve with: $cli serve --profile <profile> --model <dir> (or $venv/bin/vllm serve <model> ...)"
 fi

@@ -48,9 +48,9 @@ class EngineSide:
         return self.launcher(python)
 
 
-def console_script(name: str) -> Callable[[str], list[str]]:
-    """The launcher of an engine started by its console script in the runtime's venv."""
-    return lambda python: [str(Path(python).parent / name)]
+def console_script(name: str, *subcommand: str) -> Callable[[str], list[str]]:
+    """The launcher of an engine started by its console script in the runtime's venv (``sglang serve``)."""
+    return lambda python: [str(Path(python).parent / name), *subcommand]
 
 
 def python_module(module: str) -> Callable[[str], list[str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..operate.metrics import MetricNames
-from ..operate.side import EngineSide, python_module
+from ..operate.side import EngineSide, console_script
 from .config import DEFAULT_ROW_CACHE_MB, DEFAULT_WORKERS, ROW_CACHE_ENV, WORKERS_ENV
 
 
@@ -40,7 +40,9 @@ SIDE = EngineSide(
     name="sglang",
     display="SGLang",
     tool="sglang-ssd-stream",
-    launcher=python_module("sglang.launch_server"),
+    # sglang 0.5.23 warns that `python -m sglang.launch_server` is deprecated for `sglang serve` (same
+    # arguments; it loads the plugins too, sglang/cli/serve.py).
+    launcher=console_script("sglang", "serve"),
     preflight=_preflight,
     service="systemd",
     max_served_names=1,

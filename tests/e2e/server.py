@@ -1,4 +1,4 @@
-"""The real ``python -m sglang.launch_server`` of the cached sglang venv, on a free loopback port, on a CPU.
+"""The real ``sglang serve`` of the cached sglang venv, on a free loopback port, on a CPU.
 
 One server at a time (the box has 2 cores and 24 GiB shared): starting one stops any other this process
 started. Each server runs in its own session (process group); :meth:`SglangServer.stop` ends the whole
@@ -123,7 +123,8 @@ class SglangServer:
     # ------------------------------------------------------------------ lifecycle
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "sglang.launch_server", "--model-path", str(self.model), "--host", "127.0.0.1",
+        sglang = str(Path(self.python).parent / "sglang")  # the entry point users run (profiles print it)
+        return [sglang, "serve", "--model-path", str(self.model), "--host", "127.0.0.1",
                 "--port", str(self.port), "--device", "cpu", *CAPS, *self.args]
 
     def start(self) -> SglangServer:

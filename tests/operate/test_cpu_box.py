@@ -61,7 +61,7 @@ def test_serve_dry_run(tmp_path, model, engine, profile):
         return
     _ok(r, EXIT_OK)
     command, *report = r.stdout.splitlines()
-    assert " -m sglang.launch_server --model-path " in command
+    assert "/sglang serve --model-path " in command
     assert "# [error] device: no CUDA device: torch sees no GPU here" in report
     assert report[-1].startswith("# a real serve would refuse here: ")
 

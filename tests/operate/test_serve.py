@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from sglang_ssd_stream.operate.profiles import PROFILES, get_profile
 from .conftest import SIDES, write_model
 
 PY = "/venv/bin/python"
+SGLANG = "/venv/bin/sglang"  # the console script beside the runtime's Python
 
 THOR_ARGS = [
     "--model-path", "/m", "--trust-remote-code", "--quantization", "modelopt_fp4",
@@ -44,7 +46,7 @@ def _parser(engine):
 def test_thor_exact_argv_and_env():
     launch = build_launch(PROFILES["sglang", "thor"], SIDES["sglang"], model="/m", draft="/m/mtp", python=PY,
                           base_env={"PATH": "/bin"})
-    assert launch.argv == [PY, "-m", "sglang.launch_server", *THOR_ARGS, "--host", "127.0.0.1", "--port", "8000"]
+    assert launch.argv == [SGLANG, "serve", *THOR_ARGS, "--host", "127.0.0.1", "--port", "8000"]
     assert launch.env == {"PATH": "/bin", "SGLANG_PLUGINS": "ssd_stream", "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB": "32",
                           "SGLANG_EMPTY_CACHE_INTERVAL": "60", "SGLANG_SANITIZE_NAN_LOGITS": "1",
                           "SGLANG_SSD_STREAM_ROW_CACHE_MB": "1024"}
@@ -183,9 +185,10 @@ def test_serve_execs_with_exact_argv(tmp_path, monkeypatch):
     rc = args.func(args, exec_fn=lambda f, argv, env: calls.append((f, argv, env)))
     assert rc == 0 and len(calls) == 1
     f, argv, env = calls[0]
-    assert f == sys.executable and argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    sglang = str(Path(sys.executable).parent / "sglang")
+    assert f == sglang and argv[:2] == [sglang, "serve"]
     paths = {"/m": str(model), "/m/mtp": f"{model}/mtp"}
-    assert argv[3:] == [paths.get(x, x) for x in THOR_ARGS] + [
+    assert argv[2:] == [paths.get(x, x) for x in THOR_ARGS] + [
         "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "alias", "--log-requests"]
     assert env["KEEP_ME"] == "1" and env["SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB"] == "32"
 
@@ -199,7 +202,7 @@ def test_serve_dry_run_prints_and_does_not_exec(tmp_path, capsys):
     assert args.func(args, exec_fn=lambda *a: pytest.fail("exec in dry run")) == 0
     out = capsys.readouterr().out
     assert out.startswith("SGLANG_PLUGINS=ssd_stream SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB=32 ")
-    assert "-m sglang.launch_server --model-path " in out and "--api-key '***'" in out and "topsecret" not in out
+    assert "/sglang serve --model-path " in out and "--api-key '***'" in out and "topsecret" not in out
 
 
 def test_serve_unreadable_key_file(tmp_path):
@@ -285,10 +288,10 @@ def test_serve_model_from_state(tmp_path, monkeypatch):
 
 
 def test_every_sglang_profile_flag_exists_in_real_sglang_0_5_23():
-    """The real launcher's --help (this venv's sglang) lists every flag our profiles emit."""
+    """The real launcher's --help (this venv's `sglang serve`, its LLM server) lists every flag our profiles emit."""
     env = {**os.environ, "SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
-    r = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run([str(Path(sys.executable).parent / "sglang"), "serve", "--model-type", "llm", "--help"],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     flags = {f for p in PROFILES.values() if p.engine == "sglang" for f, _ in p.args}
     missing = sorted(f for f in flags if f"{f} " not in r.stdout and f"{f}\n" not in r.stdout)
@@ -312,7 +315,7 @@ def test_real_dry_run_reports_on_a_cpu_only_host(tmp_path, capsys, profile):
     args = _parser("sglang").parse_args(["serve", "--profile", profile, "--model", str(model), "--dry-run"])
     assert args.func(args, exec_fn=lambda *a: pytest.fail("exec in dry run")) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "-m sglang.launch_server --model-path " in out[0]
+    assert "/sglang serve --model-path " in out[0]
     comments = out[1:]
     assert comments and all(line.startswith("# ") for line in comments)
     assert any(line.startswith("# [error] device: no CUDA device") for line in comments)

@@ -27,9 +27,15 @@ def _config_finding(check: str, kind: str, path: str | None) -> Finding:
 
 
 def file_findings(profile, model: str, draft: str | None) -> list[Finding]:
+    from .engine_config import engine_config_finding
+
     out = [_config_finding("model", "model", model)]
     if profile.needs_draft:
         out.append(_config_finding("draft", "draft (MTP)", draft))
+    for found, path, check in ((out[0], model, "model_config"), (out[-1], draft, "draft_config")):
+        if found.level == OK and (check == "model_config" or profile.needs_draft):
+            loaded = engine_config_finding(path, check)
+            out += [loaded] if loaded else []
     if profile.needs_sidecar and out[0].level == OK:
         from ..sidecar.view import load_sidecar
 

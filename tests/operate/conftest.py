@@ -21,13 +21,17 @@ WRITEUP_TEXT_CONFIG = {
     "mtp_num_hidden_layers": 1, "indexer_n_heads": 16, "indexer_kv_heads": 1, "indexer_head_dim": 128,
     "indexer_budget": 2048, "indexer_compress_ratio": 4, "linear_num_value_heads": 32, "linear_num_key_heads": 16,
     "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+    # Half of the 256-dim heads rotate (128 = the QSA index head): transformers' Qwen4ExpConfig refuses a
+    # config whose RoPE dimensions do not fit the index head (issue 28 item 6). theta: any valid value.
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
 }
 
 
 def write_model(root: Path, *, sidecar: bool = True, draft: bool = True, shards: dict[str, int] | None = None) -> Path:
     """A model directory: config.json, an index with real shard files, optionally ssd-stream.json + ple/ and mtp/."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({"model_type": "qwen4_exp", "text_config": WRITEUP_TEXT_CONFIG}))
+    config = json.dumps({"model_type": "qwen4_exp", "text_config": WRITEUP_TEXT_CONFIG})
+    (root / "config.json").write_text(config)
     shards = shards or {"model-00001.safetensors": 1000, "model-00002.safetensors": 3000}
     for name, size in shards.items():
         (root / name).write_bytes(b"\0" * size)
@@ -43,7 +47,7 @@ def write_model(root: Path, *, sidecar: bool = True, draft: bool = True, shards:
              "dtype": "float8_e4m3fn", "rows": rows, "columns": cols, "bytes": rows * cols}]}))
     if draft:
         (root / "mtp").mkdir(exist_ok=True)
-        (root / "mtp" / "config.json").write_text(json.dumps({"model_type": "qwen4_exp_mtp"}))
+        (root / "mtp" / "config.json").write_text(config)  # the real draft carries the target's config
         (root / "mtp" / "mtp.safetensors").write_bytes(b"\0" * 500)
         (root / "mtp" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"m": "mtp.safetensors"}}))
     return root

@@ -54,7 +54,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,6 +63,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import make_table, run_fio, simulated_layer, sync  # noqa: E402
+
 from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar.ngram import qwen38_flash_next  # noqa: E402
 from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher  # noqa: E402
@@ -77,20 +78,6 @@ ROWS_PER_TOKEN = 16
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def make_table(path: Path, rows: int, row_bytes: int) -> None:
-    if path.exists() and path.stat().st_size == rows * row_bytes:
-        return
-    rng = np.random.default_rng(0)
-    with open(path, "wb") as f:
-        left = rows * row_bytes
-        while left:
-            n = min(left, 256 << 20)
-            f.write(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-            left -= n
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def table_of(path: Path, rows: int, dtype: str) -> SidecarTable:
@@ -156,23 +143,6 @@ def lookup(g: SidecarGather, ids: torch.Tensor, out: torch.Tensor, side) -> None
 
 
 # ----------------------------------------------------------------------------- disk
-
-
-def run_fio(fio: str, path: Path, seconds: float) -> dict:
-    res = {"version": subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip(),
-           "file_bytes": path.stat().st_size}
-    for jobs in (16, 64):
-        cmd = [fio, "--name=ple-randread", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
-               "--ioengine=psync", f"--numjobs={jobs}", "--group_reporting", "--time_based",
-               f"--runtime={seconds}", "--output-format=json"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode:
-            res[f"jobs{jobs}"] = {"error": p.stderr[-2000:], "command": shlex.join(cmd)}
-            continue
-        job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]
-        res[f"jobs{jobs}"] = {"iops": job["iops"], "command": shlex.join(cmd)}
-        print(f"fio randread 4k O_DIRECT {jobs} jobs: {job['iops']:.0f} IOPS", flush=True)
-    return res
 
 
 def best_iops(fio: dict | None) -> float | None:
@@ -272,14 +242,7 @@ def layer_fn(ms: float, device: str):
     """≈ ``ms`` of work on the current stream (GPU: bf16 matmuls; CPU smoke: a sleep)."""
     if device != "cuda":
         return lambda: time.sleep(ms / 1e3), ms
-    from ple_stream_h200 import simulated_layer
-
     return simulated_layer(ms)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 # ----------------------------------------------------------------------------- cold prefill
@@ -618,7 +581,7 @@ def main(argv=None) -> int:
         make_table(p, r, rb)
         small[dtype] = (p, r)
     if args.fio:
-        res["fio"] = run_fio(args.fio, big, args.fio_seconds)
+        res["fio"] = run_fio(args.fio, big, args.fio_seconds, jobs=(16, 64))
     iops = best_iops(res.get("fio"))
     tokens, source = prompt_tokens(args.tokens, max(args.chunks * args.chunk_tokens,
                                                    args.memory_chunks * args.memory_chunk_tokens))

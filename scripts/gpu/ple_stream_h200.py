@@ -54,6 +54,9 @@ from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 from sglang_ssd_stream.staging.kernels import convert_staged_rows  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import make_table, simulated_layer  # noqa: E402
+
 KERNEL = "_gather_ple_embedding_from_pinned_kernel"
 COLS = 160
 
@@ -74,18 +77,6 @@ def load_sglang_kernel(qwen4_exp: Path):
     sys.modules[mod_path.stem] = mod
     spec.loader.exec_module(mod)
     return getattr(mod, KERNEL), body
-
-
-def make_table(path: Path, rows: int, row_bytes: int) -> None:
-    if path.exists() and path.stat().st_size == rows * row_bytes:
-        return
-    rng = np.random.default_rng(0)
-    with open(path, "wb") as f:
-        left = rows * row_bytes
-        while left:
-            n = min(left, 256 << 20)
-            f.write(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-            left -= n
 
 
 def drop_cache(path: Path, gathers=()) -> None:
@@ -131,28 +122,6 @@ class Sglang:
         self.kernel[(ids.numel(),)](base, ids, out, embedding_dim=COLS, tp_vocab_start=self.lo,
                                     tp_vocab_end=self.hi, is_fp8=self.table.dtype == torch.float8_e4m3fn,
                                     BLOCK_D=triton.next_power_of_2(COLS))
-
-
-def simulated_layer(ms: float):
-    """A closure that enqueues ≈ ``ms`` of GPU work on the current stream (bf16 matmuls)."""
-    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.mm(a, b)
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(20):
-        torch.mm(a, b)
-    e.record()
-    torch.cuda.synchronize()
-    per = s.elapsed_time(e) / 20
-    k = max(1, round(ms / per))
-
-    def layer():
-        for _ in range(k):
-            torch.mm(a, b)
-    return layer, k * per
 
 
 def time_ms(fn, reps: int, before=None) -> list[float]:

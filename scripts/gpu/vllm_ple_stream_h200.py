@@ -75,6 +75,9 @@ from sglang_ssd_stream.staging import hostfunc, native_read  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 from sglang_ssd_stream.staging.host_memory import allocate_registered, caching_allocator_bytes  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import run_fio, simulated_layer, sync  # noqa: E402
+
 KERNEL = "_lookup_ple_embedding_from_pinned_kernel"
 ROW_BYTES = 160  # Qwen3.8 Flash-Next: 160 fp8 columns (80 bf16)
 HEADS = 16  # rows per token per PLE layer
@@ -186,11 +189,6 @@ def id_cases(rows: int, lo: int, hi: int, n: int, rng) -> dict[str, np.ndarray]:
     mixed[rng.integers(0, n, max(1, n // 4))] = rng.choice(edges, max(1, n // 4))
     return {"random": rng.integers(0, rows, n), "boundaries": np.resize(edges, n),
             "duplicates": rng.choice(rng.integers(0, rows, 3), n), "mixed": mixed}
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -363,27 +361,6 @@ def check_registered(kernel, manifest, device) -> dict:
 # ---------------------------------------------------------------------------------------------- timing
 
 
-def simulated_layer(ms: float):
-    """A closure that enqueues about ``ms`` of GPU work on the current stream (bf16 matmuls)."""
-    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.mm(a, b)
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(20):
-        torch.mm(a, b)
-    e.record()
-    torch.cuda.synchronize()
-    k = max(1, round(ms / (s.elapsed_time(e) / 20)))
-
-    def layer():
-        for _ in range(k):
-            torch.mm(a, b)
-    return layer
-
-
 def replay_ms(graphs: dict, reps: int, sleep_s: float = 0.0) -> dict[str, list[float]]:
     """GPU time of each graph's replay (events), the graphs taking turns within each repetition; the
     main thread waits in synchronize() or sleeps meanwhile (as an engine thread that goes on)."""
@@ -408,7 +385,7 @@ def decode_graphs(kernel, manifest, args) -> list[dict]:
     rows = table.rows
     device = torch.device("cuda")
     base = Vllm(kernel, pinned_rows(table.file, 0, rows, device), 0, rows, device)
-    layer = simulated_layer(args.decode_layer_ms)
+    layer, _ = simulated_layer(args.decode_layer_ms)
     gathers = {b: gather_for(table, b, 0, rows, device, args, capacity=1024, graph_rows=1024) for b in BACKENDS}
     out_rows = []
     for n in (16, 64, 256, 1024):
@@ -458,25 +435,6 @@ def decode_graphs(kernel, manifest, args) -> list[dict]:
     for g in gathers.values():
         g.close()
     return out_rows
-
-
-def run_fio(fio: str, path: Path, seconds: float) -> dict:
-    """4 KiB random reads of ``path`` with O_DIRECT (the disk, not the page cache), 1 and 16 psync jobs."""
-    res = {"version": subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip(),
-           "file": str(path), "file_bytes": path.stat().st_size}
-    for jobs in (1, 16):
-        cmd = [fio, "--name=ple-randread", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
-               "--ioengine=psync", f"--numjobs={jobs}", "--group_reporting", "--time_based",
-               f"--runtime={seconds}", "--output-format=json"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode:
-            res[f"jobs{jobs}"] = {"error": p.stderr[-2000:], "command": shlex.join(cmd)}
-            continue
-        job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]
-        res[f"jobs{jobs}"] = {"iops": job["iops"], "bw_mib_s": job["bw"] / 1024,
-                              "clat_mean_us": job["clat_ns"]["mean"] / 1e3, "command": shlex.join(cmd)}
-        print(f"fio randread 4k O_DIRECT {jobs:2d} jobs: {job['iops']:.0f} IOPS", flush=True)
-    return res
 
 
 def main(argv=None) -> int:

@@ -56,6 +56,9 @@ from sglang_ssd_stream.sidecar.mapped import drop_page_cache  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import sync  # noqa: E402
+
 BACKENDS = ("mmap", "pread")
 
 ROW_BYTES = 160
@@ -125,11 +128,6 @@ def cases(rows: int, bounds, n: int) -> dict[str, np.ndarray]:
 
 def drop_cache(path, g) -> None:
     drop_page_cache(path, [g.reader])
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def deliver(g: SidecarGather, ids: torch.Tensor, out: torch.Tensor, reduce: bool) -> None:

@@ -1,0 +1,83 @@
+"""What the GPU scripts share: test tables, the disk baseline (fio), device sync and a simulated layer.
+
+Imported as ``_harness`` by the scripts beside it (``python scripts/gpu/<script>.py`` puts this folder on
+sys.path). Imports torch and numpy only where a helper needs them, so a CPU smoke run without CUDA works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+
+def make_table(path: Path, rows: int, row_bytes: int) -> None:
+    """A random table of ``rows`` x ``row_bytes`` (seed 0), written once and fsynced; reused when its size fits."""
+    import numpy as np
+
+    if path.exists() and path.stat().st_size == rows * row_bytes:
+        return
+    rng = np.random.default_rng(0)
+    with open(path, "wb") as f:
+        left = rows * row_bytes
+        while left:
+            n = min(left, 256 << 20)
+            f.write(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_fio(fio: str, path: Path, seconds: float, jobs: tuple[int, ...] = (1, 16)) -> dict:
+    """4 KiB random reads of ``path`` with O_DIRECT (the disk, not the page cache), psync, per job count: the
+    baseline every I/O number of a run is compared with (disks differ between boxes)."""
+    res = {"version": subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip(),
+           "file": str(path), "file_bytes": path.stat().st_size}
+    for n in jobs:
+        cmd = [fio, "--name=ple-randread", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
+               "--ioengine=psync", f"--numjobs={n}", "--group_reporting", "--time_based",
+               f"--runtime={seconds}", "--output-format=json"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            res[f"jobs{n}"] = {"error": p.stderr[-2000:], "command": shlex.join(cmd)}
+            continue
+        job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]
+        res[f"jobs{n}"] = {"iops": job["iops"], "bw_mib_s": job["bw"] / 1024,
+                           "clat_mean_us": job["clat_ns"]["mean"] / 1e3, "command": shlex.join(cmd)}
+        print(f"fio randread 4k O_DIRECT {n:2d} jobs: {job['iops']:.0f} IOPS", flush=True)
+    return res
+
+
+def sync(device) -> None:
+    """Wait for ``device`` (a torch.device or its type string); a no-op off CUDA."""
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize(device if not isinstance(device, str) else None)
+
+
+def simulated_layer(ms: float):
+    """A closure that enqueues about ``ms`` of GPU work on the current stream (bf16 matmuls), and the ms it
+    really takes (a whole number of matmuls)."""
+    import torch
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        torch.mm(a, b)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(20):
+        torch.mm(a, b)
+    e.record()
+    torch.cuda.synchronize()
+    per = s.elapsed_time(e) / 20
+    k = max(1, round(ms / per))
+
+    def layer():
+        for _ in range(k):
+            torch.mm(a, b)
+    return layer, k * per

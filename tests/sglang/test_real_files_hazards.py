@@ -18,12 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ssd_stream.errors import EXIT_BAD_KIT_DATA, EXIT_CHANGED, EXIT_OK, EXIT_PENDING, EXIT_REFUSED
-from sglang_ssd_stream.patching.engines import ENGINES, data_root
+from sglang_ssd_stream.errors import EXIT_CHANGED, EXIT_OK, EXIT_PENDING, EXIT_REFUSED
+from sglang_ssd_stream.patching.engines import ENGINES
 from sglang_ssd_stream.patching.manifest import load_manifest, manifest_path
 
 from ..engine import REPO
 from ..patching.conftest import snapshot
+from ..real_site import (
+    assert_lock_dir_refused,
+    assert_nul_in_patch_refused,
+    copy_of,
+    kit_cli,
+    write_dist_info,
+    write_journal,
+)
 
 ENGINE = ENGINES["sglang"]
 MANIFEST = load_manifest(manifest_path(ENGINE, ENGINE.pinned))
@@ -46,17 +54,14 @@ def pristine_site(sglang, tmp_path_factory) -> Path:
         shutil.copyfile(venv_site / rel, dst)
     for f in MANIFEST.files:
         assert hashlib.sha256((site / f.path).read_bytes()).hexdigest() == f.pristine, f"{f.path} is not pristine"
-    dist = site / f"sglang-{MANIFEST.release}.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {MANIFEST.release}\n")
+    write_dist_info(site, "sglang", MANIFEST.release)
     return site
 
 
 @pytest.fixture(scope="module")
 def patched_site(sglang, pristine_site, tmp_path_factory) -> Path:
-    site = tmp_path_factory.mktemp("patched") / "site"
-    shutil.copytree(pristine_site, site, symlinks=True)
-    r = _cli(sglang, site, "apply")
+    site = copy_of(pristine_site, tmp_path_factory.mktemp("patched"))
+    r = kit_cli(sglang, site, "apply")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
     return site
 
@@ -64,31 +69,20 @@ def patched_site(sglang, pristine_site, tmp_path_factory) -> Path:
 @pytest.fixture
 def patched(patched_site, tmp_path) -> Path:
     """A fresh copy of the fully patched tree, with the apply's backups in its state dir."""
-    shutil.copytree(patched_site, tmp_path / "site", symlinks=True)
-    return tmp_path / "site"
+    return copy_of(patched_site, tmp_path)
 
 
 @pytest.fixture
 def pristine(pristine_site, tmp_path) -> Path:
-    shutil.copytree(pristine_site, tmp_path / "site", symlinks=True)
-    return tmp_path / "site"
-
-
-def _cli(sglang, site: Path, verb: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sglang.python, "-m", "sglang_ssd_stream", "patch", verb, "--site-packages", str(site),
-                           *extra], capture_output=True, text=True, env=sglang.env(), cwd=REPO, timeout=600)
+    return copy_of(pristine_site, tmp_path)
 
 
 def _journal(site: Path, paths: list[str]) -> None:
-    """A well-formed journal (pristine -> patched) naming ``paths``, as a killed apply leaves it."""
-    entries = [{"path": f.path, "before": f.pristine, "after": f.patched, "pristine": f.pristine}
-               for f in MANIFEST.files if f.path in paths]
-    doc = {"version": 1, "op": "apply", "engine": "sglang", "release": MANIFEST.release, "files": entries}
-    (site / STATE / "journal.json").write_text(json.dumps(doc))
+    write_journal(site, MANIFEST, paths)
 
 
 def _states(sglang, site: Path) -> set[str]:
-    r = _cli(sglang, site, "status", "--json")
+    r = kit_cli(sglang, site, "status", "--json")
     return {f["state"] for f in json.loads(r.stdout)["files"]}
 
 
@@ -109,7 +103,7 @@ def test_a_journal_naming_one_file_of_a_group_is_reported_and_refused(sglang, pa
         v = _guard(patched)
         assert v.state == "pending" and ONE in v.listing, v
     else:
-        r = _cli(sglang, patched, verb)
+        r = kit_cli(sglang, patched, verb)
         assert "Traceback" not in r.stdout + r.stderr, r.stderr
         if verb in ("status", "verify"):
             assert r.returncode == EXIT_PENDING, (r.returncode, r.stdout, r.stderr)
@@ -139,7 +133,7 @@ def test_an_odd_directory_under_a_pending_journal_is_a_refusal(sglang, patched, 
     _journal(patched, [f.path for f in MANIFEST.files])
     elsewhere = _odd_managers(patched, tmp_path, odd)
     before, outside = snapshot(patched), snapshot(elsewhere)
-    r = _cli(sglang, patched, verb, *json_flag)
+    r = kit_cli(sglang, patched, verb, *json_flag)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     assert r.returncode == (EXIT_PENDING if verb == "status" else EXIT_REFUSED), (r.returncode, r.stdout, r.stderr)
     assert ODD_DIR in r.stdout + r.stderr
@@ -172,31 +166,13 @@ def test_apply_to_an_unwritable_stdout_says_the_change_was_made(sglang, pristine
 def test_a_lock_path_that_is_a_directory_is_a_named_refusal(sglang, request, verb):
     """apply on the pristine tree, revert on the patched one (whose apply left a lock file: replaced)."""
     site = request.getfixturevalue("pristine" if verb == "apply" else "patched")
-    lock = site / STATE / "lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.unlink(missing_ok=True)
-    lock.mkdir()
-    before = snapshot(site)
-    r = _cli(sglang, site, verb)
-    assert r.returncode == EXIT_REFUSED, (r.returncode, r.stdout, r.stderr)
-    assert "lock" in r.stderr and "not a regular file" in r.stderr, r.stderr
-    assert "cannot :" not in r.stderr and "Traceback" not in r.stdout + r.stderr, r.stderr
-    assert snapshot(site) == before
+    assert_lock_dir_refused(sglang, site, verb, snapshot)
 
 
 # 5 -----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("extra", [(), ("--dry-run",)], ids=["apply", "dry-run"])
 def test_a_nul_byte_in_a_real_patch_is_refused(sglang, pristine, tmp_path, extra):
-    data = tmp_path / "kitdata"
-    for part in ("patches", "hashes"):
-        shutil.copytree(data_root() / part, data / part)
-    diff = data / "patches" / "sglang" / f"{GROUP}.patch"
-    diff.write_bytes(diff.read_bytes() + b"\0")
-    before = snapshot(pristine)
-    r = _cli(sglang, pristine, "apply", "--data-dir", str(data), *extra)
-    assert r.returncode == EXIT_BAD_KIT_DATA, (r.returncode, r.stdout, r.stderr)
-    assert "contains a NUL byte" in r.stderr and GROUP in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert snapshot(pristine) == before
+    assert_nul_in_patch_refused(sglang, pristine, tmp_path, GROUP, extra, snapshot)
 
 
 # 6 -----------------------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ one file, so no journal can name part of a group: case 1 is a whole journal, rep
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -19,12 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ssd_stream.errors import EXIT_BAD_KIT_DATA, EXIT_CHANGED, EXIT_OK, EXIT_PENDING, EXIT_REFUSED
-from sglang_ssd_stream.patching.engines import ENGINES, data_root
+from sglang_ssd_stream.errors import EXIT_CHANGED, EXIT_OK, EXIT_PENDING, EXIT_REFUSED
+from sglang_ssd_stream.patching.engines import ENGINES
 from sglang_ssd_stream.patching.manifest import load_manifest, manifest_path
 
 from ..engine import REPO
 from ..patching.conftest import snapshot
+from ..real_site import (
+    assert_lock_dir_refused,
+    assert_nul_in_patch_refused,
+    copy_of,
+    kit_cli,
+    write_dist_info,
+    write_journal,
+)
 
 ENGINE = ENGINES["vllm"]
 MANIFEST = load_manifest(manifest_path(ENGINE, ENGINE.pinned))
@@ -47,17 +54,14 @@ def pristine_site(vllm, tmp_path_factory) -> Path:
     init = (venv_site / "vllm" / "__init__.py").read_text()
     (site / "vllm" / "__init__.py").write_text(f"__path__.append({str(venv_site / 'vllm')!r})\n{init}")
     assert hashlib.sha256((site / TARGET.path).read_bytes()).hexdigest() == TARGET.pristine
-    dist = site / f"vllm-{MANIFEST.release}.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {MANIFEST.release}\n")
+    write_dist_info(site, "vllm", MANIFEST.release)
     return site
 
 
 @pytest.fixture(scope="module")
 def patched_site(vllm, pristine_site, tmp_path_factory) -> Path:
-    site = tmp_path_factory.mktemp("patched") / "site"
-    shutil.copytree(pristine_site, site, symlinks=True)
-    r = _cli(vllm, site, "apply")
+    site = copy_of(pristine_site, tmp_path_factory.mktemp("patched"))
+    r = kit_cli(vllm, site, "apply")
     assert r.returncode == EXIT_OK, r.stdout + r.stderr
     return site
 
@@ -65,26 +69,16 @@ def patched_site(vllm, pristine_site, tmp_path_factory) -> Path:
 @pytest.fixture
 def patched(patched_site, tmp_path) -> Path:
     """A fresh copy of the patched tree, with the apply's backup in its state dir."""
-    shutil.copytree(patched_site, tmp_path / "site", symlinks=True)
-    return tmp_path / "site"
+    return copy_of(patched_site, tmp_path)
 
 
 @pytest.fixture
 def pristine(pristine_site, tmp_path) -> Path:
-    shutil.copytree(pristine_site, tmp_path / "site", symlinks=True)
-    return tmp_path / "site"
-
-
-def _cli(vllm, site: Path, verb: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([vllm.python, "-m", "vllm_ple_offload.cli", "patch", verb, "--site-packages", str(site),
-                           *extra], capture_output=True, text=True, env=vllm.env(), cwd=REPO, timeout=600)
+    return copy_of(pristine_site, tmp_path)
 
 
 def _journal(site: Path) -> None:
-    """A well-formed journal (pristine -> patched) naming the one target, as a killed apply leaves it."""
-    entry = {"path": TARGET.path, "before": TARGET.pristine, "after": TARGET.patched, "pristine": TARGET.pristine}
-    doc = {"version": 1, "op": "apply", "engine": "vllm", "release": MANIFEST.release, "files": [entry]}
-    (site / STATE / "journal.json").write_text(json.dumps(doc))
+    write_journal(site, MANIFEST, [TARGET.path])
 
 
 def _sha(site: Path) -> str:
@@ -106,7 +100,7 @@ def test_a_pending_journal_is_reported_and_nothing_is_written(vllm, patched, ver
         v = _guard(patched)
         assert v.state == "pending" and TARGET.path in v.listing, v
     else:
-        r = _cli(vllm, patched, verb)
+        r = kit_cli(vllm, patched, verb)
         assert "Traceback" not in r.stdout + r.stderr, r.stderr
         assert r.returncode == EXIT_PENDING, (r.returncode, r.stdout, r.stderr)
         assert "PENDING" in r.stdout and TARGET.path in r.stdout and "patch recover" in r.stdout, r.stdout
@@ -115,11 +109,11 @@ def test_a_pending_journal_is_reported_and_nothing_is_written(vllm, patched, ver
 
 def test_recover_rolls_a_pending_journal_back_to_pristine(vllm, patched):
     _journal(patched)
-    r = _cli(vllm, patched, "recover")
+    r = kit_cli(vllm, patched, "recover")
     assert r.returncode == EXIT_OK and "Traceback" not in r.stderr, (r.returncode, r.stdout, r.stderr)
     assert f"recovered   {TARGET.path}" in r.stdout, r.stdout
     assert _sha(patched) == TARGET.pristine and not (patched / STATE / "journal.json").exists()
-    r = _cli(vllm, patched, "recover")
+    r = kit_cli(vllm, patched, "recover")
     assert r.returncode == EXIT_OK and "nothing to recover" in r.stdout, r.stdout
 
 
@@ -142,7 +136,7 @@ def test_an_odd_directory_under_a_pending_journal_is_a_refusal(vllm, patched, tm
     _journal(patched)
     elsewhere = _odd_parent(patched, tmp_path, odd)
     before, outside = snapshot(patched), snapshot(elsewhere)
-    r = _cli(vllm, patched, verb, *json_flag)
+    r = kit_cli(vllm, patched, verb, *json_flag)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     assert r.returncode == (EXIT_PENDING if verb == "status" else EXIT_REFUSED), (r.returncode, r.stdout, r.stderr)
     assert ODD_DIR in r.stdout + r.stderr
@@ -166,7 +160,7 @@ def test_apply_to_an_unwritable_stdout_says_the_change_was_made(vllm, pristine):
     assert r.returncode == EXIT_CHANGED, (r.returncode, r.stderr)
     assert "the apply WAS made" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert _sha(pristine) == TARGET.patched
-    assert _cli(vllm, pristine, "verify").returncode == EXIT_OK
+    assert kit_cli(vllm, pristine, "verify").returncode == EXIT_OK
 
 
 # 4 -----------------------------------------------------------------------------------------------------------
@@ -174,31 +168,13 @@ def test_apply_to_an_unwritable_stdout_says_the_change_was_made(vllm, pristine):
 def test_a_lock_path_that_is_a_directory_is_a_named_refusal(vllm, request, verb):
     """apply on the pristine tree, revert on the patched one (whose apply left a lock file: replaced)."""
     site = request.getfixturevalue("pristine" if verb == "apply" else "patched")
-    lock = site / STATE / "lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.unlink(missing_ok=True)
-    lock.mkdir()
-    before = snapshot(site)
-    r = _cli(vllm, site, verb)
-    assert r.returncode == EXIT_REFUSED, (r.returncode, r.stdout, r.stderr)
-    assert "lock" in r.stderr and "not a regular file" in r.stderr, r.stderr
-    assert "cannot :" not in r.stderr and "Traceback" not in r.stdout + r.stderr, r.stderr
-    assert snapshot(site) == before
+    assert_lock_dir_refused(vllm, site, verb, snapshot)
 
 
 # 5 -----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("extra", [(), ("--dry-run",)], ids=["apply", "dry-run"])
 def test_a_nul_byte_in_the_real_patch_is_refused(vllm, pristine, tmp_path, extra):
-    data = tmp_path / "kitdata"
-    for part in ("patches", "hashes"):
-        shutil.copytree(data_root() / part, data / part)
-    diff = data / "patches" / "vllm" / f"{PATCH}.patch"
-    diff.write_bytes(diff.read_bytes() + b"\0")
-    before = snapshot(pristine)
-    r = _cli(vllm, pristine, "apply", "--data-dir", str(data), *extra)
-    assert r.returncode == EXIT_BAD_KIT_DATA, (r.returncode, r.stdout, r.stderr)
-    assert "contains a NUL byte" in r.stderr and PATCH in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert snapshot(pristine) == before
+    assert_nul_in_patch_refused(vllm, pristine, tmp_path, PATCH, extra, snapshot)
 
 
 # 6 -----------------------------------------------------------------------------------------------------------

@@ -14,3 +14,17 @@ def ascii_int(raw: str, *, signed: bool = False) -> int:
     if not (digits.isascii() and digits.isdigit()):
         raise ValueError(f"{raw!r} is not a whole number in ASCII digits")
     return int(raw, 10)
+
+
+def knob_int(name: str, raw: str, lo: int, hi: int, *, what: str | None = None, unit: str = "") -> int:
+    """Knob ``name``'s value ``raw``: ASCII digits, within ``lo..hi``; ValueError naming the knob otherwise.
+
+    ``what`` says what a value is (``"an integer number of MiB (e.g. 1024; 0 turns the row cache off)"``),
+    ``unit`` follows the range in the out-of-range message."""
+    try:
+        value = ascii_int(raw, signed=True)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not {what or f'an integer {lo}..{hi} (ASCII digits only)'}") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is out of range {lo}..{hi}{unit}")
+    return value

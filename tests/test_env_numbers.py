@@ -38,7 +38,7 @@ def test_every_numeric_knob_parser_refuses_odd_values_naming_itself(raw):
                             "SGLANG_SSD_STREAM_PREFETCH_CHUNKS", r)),
                         ("SGLANG_SSD_STREAM_ROW_CACHE_MB", lambda r: row_cache.parse_budget_mb(
                             "SGLANG_SSD_STREAM_ROW_CACHE_MB", r)),
-                        (knobs.QSA_BUDGET_ENV, knobs.parse_budget_mb)):
+                        (knobs.QSA_BUDGET_ENV, knobs.parse_qsa_budget_mb)):
         with pytest.raises(ValueError, match=name):
             parse(raw)
     with pytest.raises(PleSettingsError, match="VLLM_PLE_FETCH_WORKERS"):

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_ssd_stream.env_numbers import ascii_int
+from sglang_ssd_stream.env_numbers import knob_int
 
 from .errors import PleSettingsError
 
@@ -123,23 +123,14 @@ class PleSettings:
                 f"rows_per_task={self.rows_per_task} {cache}" + (" sha256_check=off" if self.no_verify else ""))
 
 
-def _digits(name: str, raw: str, expected: str) -> int:
-    """The one rule for numbers and switches: ASCII digits only (``int()`` would take ``+8``, ``1_6``,
-    `` 8 ``, ``٨``)."""
-    try:
-        return ascii_int(raw)
-    except ValueError:
-        raise PleSettingsError(f"{name}={raw!r} is not {expected} (ASCII digits only)") from None
-
-
 def _int(environ: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
     raw = environ.get(name)
     if raw is None:
         return default
-    value = _digits(name, raw, f"an integer {lo}..{hi}")
-    if not lo <= value <= hi:
-        raise PleSettingsError(f"{name}={raw} is out of range {lo}..{hi}")
-    return value
+    try:
+        return knob_int(name, raw, lo, hi)
+    except ValueError as exc:
+        raise PleSettingsError(str(exc)) from None
 
 
 def _flag(environ: Mapping[str, str], name: str) -> bool:

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..env_numbers import ascii_int
+from ..env_numbers import knob_int
 from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales
 from ..sidecar.prefetch import DEFAULT_WINDOW as DEFAULT_PREFETCH_CHUNKS
 from ..sidecar.prefetch import SGLANG_WINDOW_ENV as PREFETCH_ENV
@@ -112,15 +112,7 @@ def env_int(name: str, default: int, lo: int, hi: int) -> int:
     return default if raw is None else parse_int(name, raw, lo, hi)
 
 
-def parse_int(name: str, raw: str, lo: int, hi: int) -> int:
-    """Knob ``name``'s value ``raw`` (env_numbers' rule), within ``lo..hi``; ValueError naming the knob."""
-    try:
-        value = ascii_int(raw, signed=True)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer {lo}..{hi} (ASCII digits only)") from None
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value} is out of range {lo}..{hi}")
-    return value
+parse_int = knob_int  # the kit's one rule for numeric knobs (env_numbers)
 
 
 def read_workers() -> int:

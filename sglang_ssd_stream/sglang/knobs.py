@@ -16,21 +16,15 @@ from __future__ import annotations
 
 import os
 
-from ..env_numbers import ascii_int
+from ..env_numbers import knob_int
 
 QSA_BUDGET_ENV = "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB"
 QSA_BUDGET_TARGET = "sglang.srt.layers.attention.qsa.qsa_indexer._QSA_PREFILL_LOGITS_BUDGET_BYTES"
 QSA_BUDGET_MAX_MB = 1 << 16  # 64 GiB: anything larger is a typo, not a budget
 
 
-def parse_budget_mb(raw: str) -> int:
-    try:
-        mb = ascii_int(raw, signed=True)
-    except ValueError:
-        raise ValueError(f"{QSA_BUDGET_ENV}={raw!r} is not an integer number of MiB (e.g. 32)") from None
-    if not 1 <= mb <= QSA_BUDGET_MAX_MB:
-        raise ValueError(f"{QSA_BUDGET_ENV}={mb} is out of range 1..{QSA_BUDGET_MAX_MB} MiB")
-    return mb
+def parse_qsa_budget_mb(raw: str) -> int:
+    return knob_int(QSA_BUDGET_ENV, raw, 1, QSA_BUDGET_MAX_MB, unit=" MiB", what="an integer number of MiB (e.g. 32)")
 
 
 def apply_qsa_budget() -> int | None:
@@ -38,7 +32,7 @@ def apply_qsa_budget() -> int | None:
     raw = os.environ.get(QSA_BUDGET_ENV)
     if raw is None:
         return None
-    budget = parse_budget_mb(raw) << 20
+    budget = parse_qsa_budget_mb(raw) << 20
     import importlib
 
     module_name, _, attr = QSA_BUDGET_TARGET.rpartition(".")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..env_numbers import ascii_int
+from ..env_numbers import knob_int
 from .ngram import NGramHash
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,8 @@ def parse_window(name: str, raw: str | None, default: int = DEFAULT_WINDOW) -> i
     scheduled (0: that chunk only; the row cache budget 0 turns caching and prefetch off)."""
     if raw is None:
         return default
-    try:
-        w = ascii_int(raw, signed=True)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer number of prefill chunks ahead (e.g. 2; 0: the "
-                         f"scheduled chunk only)") from None
-    if not 0 <= w <= MAX_WINDOW:
-        raise ValueError(f"{name}={w} is out of range 0..{MAX_WINDOW} chunks")
-    return w
+    return knob_int(name, raw, 0, MAX_WINDOW, unit=" chunks", what="an integer number of prefill chunks ahead "
+                    "(e.g. 2; 0: the scheduled chunk only)")
 
 
 @dataclass

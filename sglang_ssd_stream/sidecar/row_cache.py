@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..env_numbers import ascii_int
+from ..env_numbers import knob_int
 from .errors import (
     SidecarChanged,
     SidecarIOError,
@@ -85,14 +85,8 @@ def parse_budget_mb(name: str, raw: str | None, default_mb: int = DEFAULT_BUDGET
     """The cache budget in MiB from variable ``name`` (``raw`` its value; None: ``default_mb``)."""
     if raw is None:
         return int(default_mb)
-    try:
-        mb = ascii_int(raw, signed=True)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer number of MiB "
-                         f"(e.g. 1024; 0 turns the row cache off)") from None
-    if not 0 <= mb <= MAX_BUDGET_MB:
-        raise ValueError(f"{name}={mb} is out of range 0..{MAX_BUDGET_MB} MiB")
-    return mb
+    return knob_int(name, raw, 0, MAX_BUDGET_MB, unit=" MiB",
+                    what="an integer number of MiB (e.g. 1024; 0 turns the row cache off)")
 
 
 # ----------------------------------------------------------------------------- the library

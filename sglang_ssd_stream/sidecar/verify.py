@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..paths import data_dir
 from .errors import SidecarChecksumMismatch, SidecarIOError, SidecarTruncated
 from .format import SidecarManifest, SidecarTable, load_manifest
 from .reader import open_table
@@ -65,10 +66,8 @@ class VerifyReport:
 
 
 def default_cache_dir() -> Path:
-    """Fallback cache directory for read-only artifacts."""
-    home = (os.environ.get("SGLANG_SSD_STREAM_HOME")
-            or os.path.join(os.path.expanduser("~"), ".cache", "sglang-ssd-stream"))
-    return Path(home) / "sidecar-verify"
+    """Fallback cache directory for read-only artifacts (under the kit's one data directory)."""
+    return data_dir() / "sidecar-verify"
 
 
 def _fallback_cache_file(manifest: SidecarManifest, cache_dir: str | os.PathLike | None) -> Path:

@@ -104,6 +104,21 @@ def run_doctor(args) -> int:
     return exit_code(d.findings)
 
 
+def _patch_this_runtime(args) -> int:
+    """``patch`` on this runtime's vLLM; without one, the install that brings it (as doctor and serve say),
+    reported the patch core's way (``--json`` included)."""
+    from sglang_ssd_stream.patching.cli import _report
+    from sglang_ssd_stream.patching.engines import ENGINES
+
+    from .doctor import require_vllm
+
+    try:
+        require_vllm()
+    except KitError as exc:
+        return _report(args, ENGINES["vllm"], None, exc, None)
+    return args.func(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -111,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             from .doctor import require_vllm
 
             require_vllm()
+        if args.command == "patch" and args.verb != "drift" and not (args.python or args.site_packages):
+            return _patch_this_runtime(args)
         return args.func(args)
     except KitError as exc:
         print(f"vllm-ple-offload: {exc.message}", file=sys.stderr)

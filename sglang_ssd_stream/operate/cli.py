@@ -65,16 +65,20 @@ def cmd_serve(args, exec_fn=None) -> int:
 
     profile = _launch_profile(args)
     model, draft = _resolve_model(args)
+    api_key = _api_key(args)
+    exposure = _exposure_finding(args.host, api_key, args.allow_unauthenticated) if args.dry_run else None
     launch = build_launch(profile, args.side, model=model, draft=draft if profile.needs_draft else None, host=args.host,
-                          port=args.port, api_key=_api_key(args), served_names=tuple(args.served_name or ()),
-                          allow_unauthenticated=args.allow_unauthenticated, extra=args.extra, cpu=cpu_budget())
+                          port=args.port, api_key=api_key, served_names=tuple(args.served_name or ()),
+                          allow_unauthenticated=args.allow_unauthenticated or exposure is not None, extra=args.extra,
+                          cpu=cpu_budget())
     for note in launch.notes:
         print(f"serve: {note}", file=sys.stderr)
     if args.dry_run:  # the command and the whole verdict, on any machine; a report, not a refusal
         from .preflight import findings_for, report_lines
 
-        findings = findings_for(args.side, profile, model, draft if profile.needs_draft else None, launch.env,
-                                launch.argv, report_errors=True)
+        findings = [exposure] if exposure else []
+        findings += findings_for(args.side, profile, model, draft if profile.needs_draft else None, launch.env,
+                                 launch.argv, report_errors=True)
         print(launch.shell())
         print("\n".join(report_lines(findings)))
         return EXIT_OK
@@ -83,6 +87,22 @@ def cmd_serve(args, exec_fn=None) -> int:
     sys.stderr.flush()
     (exec_fn or os.execvpe)(launch.argv[0], launch.argv, launch.env)
     return EXIT_OK  # only reached with an injected exec
+
+
+def _exposure_finding(host: str, api_key: str | None, allow_unauthenticated: bool):
+    """The open bind a real serve refuses, as a dry run's finding (the report prints whatever it finds)."""
+    from ..findings import ERROR, Finding
+    from .errors import ServeRefused
+    from .launch import check_exposure
+
+    try:
+        check_exposure(host, api_key, allow_unauthenticated)
+    except ServeRefused:
+        return Finding(ERROR, "exposure", f"--host {host} is not loopback and the launch has no API key: anyone who "
+                       f"can reach it could use the model, so serve refuses it",
+                       "pass --api-key-file FILE, bind --host 127.0.0.1, or --allow-unauthenticated if an "
+                       "authenticating proxy guards it")
+    return None
 
 
 def _profile_defaults(profile) -> dict:
@@ -139,6 +159,14 @@ def cmd_plan(args) -> int:
     mem = {} if args.device_memory_gib is None else {"device_memory_gib": args.device_memory_gib,
                                                      "mem_fraction": d["mem_fraction"], "weights_gib": weights}
     d.pop("mem_fraction")
+    from ..findings import ERROR
+    from .engine_config import engine_config_finding
+
+    loaded = engine_config_finding(args.model)
+    if loaded is not None and loaded.level == ERROR:  # the engine would not start with it: no plan for it
+        from .errors import ModelConfigError
+
+        raise ModelConfigError(f"{loaded.message}; fix: {loaded.fix}")
     p = plan(load_geometry(args.model), **d, **mem)
     p.ple_row_cache = row_cache_budget(args.side.row_cache_knob, profile.env, os.environ,
                                        getattr(args, "row_cache_mb", None), args.side.row_cache_when)
@@ -150,6 +178,9 @@ def cmd_plan(args) -> int:
     if weights_line:
         print(weights_line)
     print(render(p))
+    if not mem:  # render() speaks of "the device fit below": say why there is none, and how to get it
+        print("memory: no device fit without --device-memory-gib (GiB per device; `plan --help` says where to read "
+              "it, 122.86 on Thor)")
     for n in args.sessions or ():
         print(f"sessions of {n:,} tokens at once: {sessions_of(p, n)}")
     return EXIT_OK
@@ -190,19 +221,27 @@ DEFAULT_UNIT = "qwen38-ssd-stream"
 
 
 def unit_name(args) -> str:
-    """The unit's name: --name, else the -o file's (``qwen38.service`` -> qwen38; a watch unit's
-    ``qwen38-watch.service`` -> the server unit qwen38), else the default. One name, so the watch
-    unit's Wants=/After= and --unit point at the server unit the user wrote."""
-    if getattr(args, "name", None):
-        return args.name
+    """The server unit's name, from one place: --name, else the -o file's (``qwen38.service`` -> qwen38; its
+    watch unit ``qwen38-watch.service`` -> qwen38), else the default. systemd names a unit after its file, so
+    an -o file that disagrees is refused: the watch unit's Wants=/After= and --unit would name a unit that
+    was never written."""
+    from .errors import ServeRefused
+
+    suffix = "-watch.service" if getattr(args, "watch_unit", False) else ".service"
+    name = getattr(args, "name", None)
     out = os.path.basename(getattr(args, "output", None) or "")
-    if out.endswith(".service"):
-        stem = out[: -len(".service")]
-        if getattr(args, "watch_unit", False):  # only NAME-watch.service names a server unit
-            stem = stem[: -len("-watch")] if stem.endswith("-watch") else ""
-        if stem:
-            return stem
-    return DEFAULT_UNIT
+    if not out.endswith(".service"):  # stdout, or a file systemd would not load as it is: nothing to agree with
+        return name or DEFAULT_UNIT
+    stem = out[: -len(suffix)] if out.endswith(suffix) else ""
+    want = f"{name or stem or DEFAULT_UNIT}{suffix}"
+    if not stem:
+        raise ServeRefused(f"-o {out} does not name the server unit: a watch unit's file is <server "
+                           f"unit>-watch.service (qwen38-watch.service beside qwen38.service); write -o {want}"
+                           if suffix != ".service" else f"-o {out} names no unit; write -o {want}")
+    if name and name != stem:
+        raise ServeRefused(f"--name {name} but -o {out}: systemd names the unit after its file, so the two "
+                           f"disagree; drop --name, or write -o {want}")
+    return stem
 
 
 def cmd_service(args) -> int:
@@ -357,14 +396,23 @@ def cmd_validate(args) -> int:
 
 def _served_context(args) -> int:
     """``max_model_len`` from /v1/models (sglang and vLLM report it); refused when absent."""
+    import httpx
+
     from .errors import ServerUnreachable
     from .validate.client import Client
 
     c = Client(args.url, args.model, api_key=_api_key(args), timeout_s=10)
     try:
         models = c.models()
-    except Exception as exc:  # noqa: BLE001
-        raise ServerUnreachable(f"{args.url}/models failed ({exc}); pass --context-length") from None
+    except httpx.HTTPStatusError as exc:  # it answers, but not with the model list
+        code = exc.response.status_code
+        fix = {401: "pass its key with --api-key-file", 403: "pass its key with --api-key-file",
+               404: "check --url: the OpenAI base URL of the server, e.g. http://127.0.0.1:8000/v1"}.get(
+                   code, "so the served context is unknown; pass --context-length")
+        raise ServerUnreachable(f"{args.url}/models answered HTTP {code}; {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - refused, timed out, not HTTP at all: nothing to validate
+        raise ServerUnreachable(f"the server at {args.url} is not answering ({type(exc).__name__}: {exc}); start "
+                                f"it (`{args.side.tool} serve`) or fix --url, then run validate again") from None
     finally:
         c.close()
     served = [m.get("id") for m in models]
@@ -380,7 +428,8 @@ def _served_context(args) -> int:
 
 
 def _systemd_args(v) -> None:
-    v.add_argument("--name", help="unit and syslog identifier (default: the -o file's name, else qwen38-ssd-stream)")
+    v.add_argument("--name", help="the server unit's name, which the watch unit names too (default: the -o file's: "
+                   "NAME.service, or NAME-watch.service with --watch-unit; else qwen38-ssd-stream)")
     v.add_argument("--user", required=True)
     v.add_argument("--group")
     v.add_argument("--home")
@@ -427,7 +476,9 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     _net_args(s)
     _mtp_args(s)
     s.add_argument("--dry-run", action="store_true",
-                   help="print the exact command and the preflight's findings (shell comments), exit 0")
+                   help="print the exact command and every finding a real serve would refuse on, an open bind "
+                        "without an API key included (shell comments), and exit 0; only a command line serve "
+                        "cannot build at all is refused")
     s.add_argument("extra", nargs=argparse.REMAINDER, help="-- extra engine arguments")
     s.set_defaults(func=cmd_serve, side=side)
     parsers["serve"] = s
@@ -485,8 +536,13 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
     parsers["service"] = v
 
     if side.update_model:
-        u = subparsers.add_parser("update-model", help="download, verify and switch to a prepared snapshot",
-                                  allow_abbrev=False)
+        u = subparsers.add_parser(
+            "update-model", help="download, verify and switch to a prepared snapshot", allow_abbrev=False,
+            description="Download the prepared snapshot (--repo at --revision, resolved to a commit) into the Hugging "
+                        "Face cache under the data dir, verify its index and the PLE sidecar's SHA-256, then point "
+                        "state.json at it (serve's default model). Older snapshots are kept; a failed download or "
+                        "verification leaves state.json as it was. (`model fetch` also downloads the dense shards "
+                        "and builds the model view.)")
         u.add_argument("--repo", default=DEFAULT_MODEL_REPO)
         u.add_argument("--revision", default=DEFAULT_MODEL_REVISION,
                        help="commit, tag or branch; the commit it resolves to is what state.json pins "
@@ -531,9 +587,10 @@ def add_operate_commands(subparsers, side) -> dict[str, argparse.ArgumentParser]
 def _mtp_args(p) -> None:
     from .profiles import MTP_MODES
 
-    p.add_argument("--mtp", choices=MTP_MODES, default="auto",
+    p.add_argument("--mtp", choices=MTP_MODES, default=None,
                    help="speculative decoding with the MTP layer: on, off (drops the whole speculative setup), or "
-                        "auto: the profile's measured rule by --expected-context and --concurrency (default; says why)")
+                        "auto: the profile's measured rule by --expected-context and --concurrency (refused where "
+                        "no rule was measured). Default: auto where a rule exists, else the profile's drafting")
     p.add_argument("--expected-context", type=int, metavar="TOKENS", help="typical prompt length of the workload")
     p.add_argument("--concurrency", type=int, metavar="N",
                    help="typical concurrent streams (default: the profile's running requests)")

@@ -108,6 +108,18 @@ def _unreachable(exc: BaseException) -> str | None:
     return None
 
 
+def _hub_offline(what: str) -> Offline | None:
+    """The refusal when a variable switched huggingface_hub offline: retrying or a mirror cannot help then."""
+    from .update import hub_offline_variable
+
+    offline = hub_offline_variable()
+    if offline is None:
+        return None
+    return Offline(f"{offline} is set, so the model hub is not asked for {what}; model fetch needs it (it pins the "
+                   f"revision and verifies every file against the hub's listing). Nothing was changed. Unset "
+                   f"{offline.split('=')[0]} and retry; a model already fetched is served from state.json offline")
+
+
 def resolve(repo: str, revision: str, *, endpoint: str | None) -> str:
     """The commit ``revision`` names on the hub (a 40-hex revision is already one)."""
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
@@ -121,8 +133,9 @@ def resolve(repo: str, revision: str, *, endpoint: str | None) -> str:
     except Exception as exc:  # noqa: BLE001 - only the hub not answering is re-labelled
         how = _unreachable(exc)
         if how:
-            raise Offline(f"the model hub did not answer for {repo}@{revision} ({how}); nothing was changed. Retry, "
-                          f"or set HF_ENDPOINT to a mirror") from None
+            raise _hub_offline(f"{repo}@{revision}") or Offline(
+                f"the model hub did not answer for {repo}@{revision} ({how}); nothing was changed. Retry, or set "
+                f"HF_ENDPOINT to a mirror") from None
         raise
     if not sha or not _COMMIT.match(sha):
         raise ModelUpdateError(f"{repo}@{revision}: the hub returned no commit ({sha!r})")
@@ -141,8 +154,9 @@ def remote_files(repo: str, commit: str, patterns: tuple[str, ...] | None, *, en
     except Exception as exc:  # noqa: BLE001
         how = _unreachable(exc)
         if how:
-            raise Offline(f"the model hub did not list {repo}@{commit} ({how}); nothing was changed. Retry, or set "
-                          f"HF_ENDPOINT to a mirror") from None
+            raise _hub_offline(f"{repo}@{commit}") or Offline(
+                f"the model hub did not list {repo}@{commit} ({how}); nothing was changed. Retry, or set "
+                f"HF_ENDPOINT to a mirror") from None
         raise
     wanted = set(filter_repo_objects([e.path for e in tree], allow_patterns=list(patterns) if patterns else None))
     out = []
@@ -313,27 +327,24 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
 
     missing = sum(sum(f.size for f in files) - cached_bytes(cache_dir, repo, files)
                   for _, repo, _, _, _, files in plan)
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot create {cache_dir}: {exc.strerror}") from None
     from .host import free_bytes
-
-    free, at = free_bytes(cache_dir)
-    if free < missing + DISK_MARGIN_BYTES:
-        raise EnvironmentProblem(f"{free / (1 << 30):.1f} GiB free at {at}; the download needs "
-                                 f"{(missing + DISK_MARGIN_BYTES) / (1 << 30):.1f} GiB ({missing / (1 << 30):.1f} GiB "
-                                 f"missing from the cache + margin). Write-up 000 plans 180 GiB on NVMe for model, "
-                                 f"runtime and caches. Nothing was downloaded")
-    log(f"cache {cache_dir}: {missing / (1 << 30):.2f} GiB to download, {free / (1 << 30):.1f} GiB free")
+    from .update import made_for
 
     fetched = {}
-    for kind, repo, _revision, commit, patterns, files in plan:
-        snapshot = download(repo, commit, patterns, cache_dir, endpoint=endpoint, progress=progress)
-        if snapshot.name != commit:
-            raise ModelUpdateError(f"huggingface_hub returned {snapshot} for {repo}@{commit}")
-        fetched[kind] = Fetched(repo, commit, snapshot, files)
-        fetched[kind].downloaded_bytes = verify(fetched[kind], data_dir, progress=progress)
+    with made_for(cache_dir):  # a refusal or a download that wrote nothing leaves no empty folders
+        free, at = free_bytes(cache_dir)
+        if free < missing + DISK_MARGIN_BYTES:
+            raise EnvironmentProblem(f"{free / (1 << 30):.1f} GiB free at {at}; the download needs "
+                                     f"{(missing + DISK_MARGIN_BYTES) / (1 << 30):.1f} GiB "
+                                     f"({missing / (1 << 30):.1f} GiB missing from the cache + margin). Write-up 000 "
+                                     f"plans 180 GiB on NVMe for model, runtime and caches. Nothing was downloaded")
+        log(f"cache {cache_dir}: {missing / (1 << 30):.2f} GiB to download, {free / (1 << 30):.1f} GiB free")
+        for kind, repo, _revision, commit, patterns, files in plan:
+            snapshot = download(repo, commit, patterns, cache_dir, endpoint=endpoint, progress=progress)
+            if snapshot.name != commit:
+                raise ModelUpdateError(f"huggingface_hub returned {snapshot} for {repo}@{commit}")
+            fetched[kind] = Fetched(repo, commit, snapshot, files)
+            fetched[kind].downloaded_bytes = verify(fetched[kind], data_dir, progress=progress)
 
     prepared, dense = fetched["prepared"], fetched["dense"]
     report = build_view(dense.snapshot, prepared.snapshot, out)

@@ -293,9 +293,17 @@ def without_speculation(profile: Profile) -> Profile:
     return replace(profile, args=tuple((f, v) for f, v in profile.args if f not in drop), needs_draft=False)
 
 
-def with_mtp(profile: Profile, mode: str = "auto", *, expected_context: int | None = None,
+def with_mtp(profile: Profile, mode: str | None = None, *, expected_context: int | None = None,
              concurrency: int | None = None) -> tuple[Profile, str]:
-    """Apply ``--mtp auto|on|off``; returns the profile to launch and why, for people."""
+    """Apply ``--mtp auto|on|off`` (None: ``auto`` where the profile has a measured rule, else the profile's own
+    drafting); returns the profile to launch and why, for people. ``auto`` without a rule is refused: it
+    would only pretend to decide."""
+    from .errors import ServeRefused
+
+    if mode is None and profile.drafts and profile.mtp_rule is None:
+        return profile, (f"MTP on: profile {profile.name} drafts as its write-up did; no on/off rule was measured "
+                         f"for it (--mtp off drops the speculative setup)")
+    mode = "auto" if mode is None else mode
     if mode not in MTP_MODES:
         raise ValueError(f"--mtp {mode!r}: expected one of {', '.join(MTP_MODES)}")
     if not profile.drafts:
@@ -306,8 +314,9 @@ def with_mtp(profile: Profile, mode: str = "auto", *, expected_context: int | No
         return without_speculation(profile), "MTP off (--mtp off): the whole speculative setup is dropped"
     rule = profile.mtp_rule
     if rule is None:
-        return profile, (f"MTP on: profile {profile.name} has no measured on/off rule, so it keeps its write-up's "
-                         f"drafting (--mtp off drops it)")
+        measured = ", ".join(f"{p.engine} {p.name} ({p.mtp_rule.source})" for p in PROFILES.values() if p.mtp_rule)
+        raise ServeRefused(f"--mtp auto: profile {profile.name} ({profile.engine}) has no measured on/off rule for "
+                           f"MTP (measured: {measured}); choose --mtp on (the profile's drafting) or --mtp off")
     if expected_context is None:
         return profile, (f"MTP on: the profile's default launch; pass --expected-context TOKENS for {rule.source}'s "
                          f"rule (MTP off from {rule.off_from_context:,}-token prompts)")

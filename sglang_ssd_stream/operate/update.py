@@ -117,6 +117,38 @@ class UpdateResult:
     changed: bool
 
 
+def hub_offline_variable() -> str | None:
+    """``NAME=value`` of the variable that switches huggingface_hub offline (its own rule), else None."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        value = os.environ.get(name)
+        if value:  # huggingface_hub reads the first one set
+            return f"{name}={value}" if value.upper() in ("1", "ON", "YES", "TRUE") else None
+    return None
+
+
+@contextlib.contextmanager
+def made_for(path: Path):
+    """Create ``path`` and its missing parents; when the body fails, remove the ones that are still empty,
+    so a download that wrote nothing leaves nothing behind (a partial one keeps its files: a re-run resumes)."""
+    created = []
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p.parent != p:
+        created.append(p)
+        p = p.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from None
+    try:
+        yield
+    except BaseException:
+        if created:
+            for root, _, _ in os.walk(created[-1], topdown=False):
+                with contextlib.suppress(OSError):  # not empty: something was downloaded
+                    os.rmdir(root)
+        raise
+
+
 def _is_offline_error(exc: BaseException) -> bool:
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
@@ -150,6 +182,11 @@ def fetch(repo: str, revision: str, cache_dir: Path, *, progress: bool) -> Path:
     try:  # a revision already in the cache still verifies and switches without the network
         return Path(snapshot_download(**kwargs, local_files_only=True))
     except Exception:  # noqa: BLE001
+        offline = hub_offline_variable()
+        if offline:
+            raise Offline(f"cannot reach the model hub for {repo}@{revision} ({offline} is set: huggingface_hub "
+                          f"does not ask it) and it is not in {cache_dir}. Nothing was changed. Unset "
+                          f"{offline.split('=')[0]} and retry") from None
         raise Offline(
             f"cannot reach the model hub for {repo}@{revision} and it is not in {cache_dir} "
             f"({type(first).__name__}). Nothing was changed. Connect (or set HF_ENDPOINT to a mirror) and retry"
@@ -162,11 +199,8 @@ def update_model(data_dir: str | os.PathLike, repo: str, revision: str, *, progr
     data_dir = Path(data_dir)
     state = read_state(data_dir)
     cache_dir = data_dir / "huggingface" / "hub"
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot create {cache_dir}: {exc.strerror}") from None
-    snapshot = fetch(repo, revision, cache_dir, progress=progress)
+    with made_for(cache_dir):
+        snapshot = fetch(repo, revision, cache_dir, progress=progress)
     commit = snapshot.name
     if not _COMMIT.match(commit):
         raise ModelUpdateError(f"huggingface_hub returned an unversioned snapshot {snapshot}")

@@ -42,6 +42,7 @@ from ..checks.memory import LockedMemory, check_memlock, check_row_cache_memory,
 from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding, as_json, exit_code, print_report
 from ..operate.host import (
+    TEGRA_RELEASE,
     CpuBudget,
     TegraRelease,
     cpu_budget,
@@ -75,6 +76,9 @@ JOURNALD_FIX = ("sudo install -d -m 2755 /var/log/journal; write /etc/systemd/jo
                 "sudo systemctl restart systemd-journald")
 NVME_FIX = "put the PLE sidecar on a local NVMe disk (copy the artifact, or point --model at a view on NVMe)"
 L4T_VERIFIED = {(38, 4): "write-up 000 (SGLang, JetPack 7.1)"}
+JETSON_PROFILES = ("thor",)  # launch profiles written for a Jetson: its host checks (L4T, swap, journal) apply
+MODEL_FIX = ("pass the right --model (the model view: config.json, model.safetensors.index.json and its shards) "
+             "and --draft; sglang-ssd-stream model fetch builds both")
 RECIPE_DISK_BYTES = 180 * GIB  # write-up 000: model files, PLE sidecar, runtime and compile caches on NVMe
 
 
@@ -105,11 +109,13 @@ class Request:
     mem_fraction_static: float | None = None
     memory_need_bytes: int | None = None  # weights + KV/Mamba pool, from the capacity planner
     memory_plan_error: str | None = None  # the planner refused the pool
+    memory_model_error: bool = False  # ... because it cannot read the model (config, index): not the pool's fault
     allow_unpatched: bool = False
     ple_skip_device_check: bool = False
     row_cache: dict | None = None  # operate.capacity.row_cache_budget: the PLE row cache this launch gets
     row_cache_error: str | None = None  # its variable holds a value the plugin refuses
     scheduler_processes: int = 1  # --tp-size x --pp-size x --dp-size: each holds its own row cache
+    jetson_profile: str | None = None  # the launch's profile is written for a Jetson (JETSON_PROFILES)
 
 
 @dataclass(frozen=True)
@@ -326,6 +332,8 @@ def _unified_row_cache_bytes(facts: Facts) -> int:
 
 def check_memory(facts: Facts) -> Finding | None:
     r = facts.request
+    if r.memory_plan_error and r.memory_model_error:  # a smaller pool cannot fix a model that cannot be read
+        return Finding(ERROR, "memory", f"cannot size weights and pool: {r.memory_plan_error}", MODEL_FIX)
     if r.memory_plan_error:
         return Finding(ERROR, "memory", r.memory_plan_error, "lower --max-total-tokens or --context-length; see "
                        "sglang-ssd-stream plan")
@@ -429,6 +437,25 @@ def check_l4t(facts: Facts) -> Finding | None:
     return tegra_finding(facts.tegra, L4T_VERIFIED, expected=jetson)
 
 
+def check_jetson_host(facts: Facts) -> Finding | None:
+    """A Jetson profile checked on a machine that is not one: say which host checks did not run, and why."""
+    profile, d = facts.request.jetson_profile, facts.device
+    if profile is None:
+        return None
+    skipped = []
+    if d is None or not d.integrated:
+        skipped.append("swap, swappiness and persistent journal (" + ("no CUDA device here" if d is None else
+                       f"{d.name} has its own memory, not unified memory") + ")")
+    if facts.tegra is None and check_l4t(facts) is None:
+        skipped.append(f"L4T release (no {TEGRA_RELEASE}: not a Jetson)")
+    if not skipped:
+        return None
+    return Finding(WARNING, "jetson_host", f"profile {profile} is written for Jetson AGX Thor and this machine is "
+                   f"not one, so its host checks were skipped: {'; '.join(skipped)}",
+                   f"run `sglang-ssd-stream doctor --profile {profile}` on the Thor that will serve; for a discrete "
+                   f"GPU use --profile discrete-gpu")
+
+
 def check_reader_threads(facts: Facts) -> list[Finding]:
     from .config import WORKERS_ENV
 
@@ -460,8 +487,8 @@ def run_checks(facts: Facts) -> list[Finding]:
     findings += check_row_cache(facts)
     findings += check_sidecar_disks(facts)
     findings += check_unified_memory_host(facts)
-    l4t = check_l4t(facts)
-    findings += [l4t] if l4t else []
+    for found in (check_l4t(facts), check_jetson_host(facts)):
+        findings += [found] if found else []
     findings += check_reader_threads(facts)
     findings += check_disk_space(facts)
     return findings
@@ -498,9 +525,15 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
 
     The weights are the model's and, when the launch drafts (``--speculative-algorithm``), the NEXTN draft
     model's (``--speculative-draft-model-path``): write-up 000 loads 8.08 GB of MTP beside 77.97 GB."""
+    return _memory_need(model, argv)[:2]
+
+
+def _memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None, bool]:
+    """:func:`memory_need`, and whether its refusal is the model's (config or index unreadable)."""
     from ..errors import KitError
     from ..operate.capacity import GIB as PLAN_GIB
     from ..operate.capacity import load_geometry, mamba_slots_per_request_of, plan, weights_bytes
+    from ..operate.errors import ModelConfigError
 
     def num(flag, default=None):
         v = _flag(argv, flag)
@@ -508,7 +541,7 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
 
     context, pool = num("--context-length"), num("--max-total-tokens")
     if context is None or pool is None:
-        return None, None
+        return None, None, False
     steps = num("--speculative-num-steps", 0) if _flag(argv, "--speculative-algorithm") else 0
     try:
         p = plan(load_geometry(Path(model) / "config.json"), context_length=context, pool_tokens=pool,
@@ -522,9 +555,11 @@ def memory_need(model: str, argv: list[str]) -> tuple[int | None, str | None]:
         draft = _flag(argv, "--speculative-draft-model-path")
         if steps and draft:
             weights += weights_bytes(draft)
+    except ModelConfigError as exc:
+        return None, exc.message, True
     except KitError as exc:
-        return None, exc.message
-    return int(weights + (p.pool_gib["total"] + p.mamba["total_gib"]) * PLAN_GIB), None
+        return None, exc.message, False
+    return int(weights + (p.pool_gib["total"] + p.mamba["total_gib"]) * PLAN_GIB), None, False
 
 
 def _with_row_cache(request: Request, profile: str | None, env: Mapping[str, str]) -> Request:
@@ -558,11 +593,14 @@ def diagnose(*, profile: str | None = None, model: str | None = None,
              draft: str | None = None, argv: Iterable[str] = (), env: Mapping[str, str] | None = None,
              python: str | None = None, sidecars: Iterable[str] = (),
              data_dir: str | None = None) -> tuple[Facts, list[Finding]]:
+    from dataclasses import replace
+
     env = os.environ if env is None else env
     full = _profile_argv(profile, model, draft) + [str(a) for a in argv]
-    need, plan_error = memory_need(model, full) if model else (None, None)
+    need, plan_error, model_error = _memory_need(model, full) if model else (None, None, False)
     request = request_from_argv(full, env, memory_need_bytes=need, memory_plan_error=plan_error)
-    request = _with_row_cache(request, profile, env)
+    request = _with_row_cache(replace(request, memory_model_error=model_error,
+                                      jetson_profile=profile if profile in JETSON_PROFILES else None), profile, env)
     sidecar_error, paths = None, []
     try:
         paths = sidecar_paths(model, sidecars)
@@ -571,6 +609,11 @@ def diagnose(*, profile: str | None = None, model: str | None = None,
     facts = gather_facts(python=python, sidecar_paths=paths, request=request, env=env,
                          disks=disk_space(model, data_dir, env.get("HOME"), _model_bytes(model, full)))
     findings = run_checks(facts)
+    if model:  # the config as sglang will load it (transformers' own class), issue 28 item 6
+        from ..operate.engine_config import engine_config_finding
+
+        loaded = engine_config_finding(model)
+        findings += [loaded] if loaded else []
     if sidecar_error:
         findings.append(Finding(ERROR, "sidecar", sidecar_error, "rebuild or re-download the sidecar "
                                 "(sglang-ssd-stream model fetch verifies every file)"))
@@ -602,12 +645,27 @@ def preflight(*, profile: str, model: str, draft: str | None, env: Mapping[str, 
 # ----------------------------------------------------------------------------- command line
 
 
+def _profile_name(name: str) -> str:
+    """--profile: an SGLang profile; anything else is a usage error (exit 64), a vLLM profile named as one."""
+    from ..operate.profiles import profiles_for
+
+    if name in profiles_for("sglang"):
+        return name
+    vllm = (f"{name!r} is a vllm-ple-offload profile: check it with `vllm-ple-offload serve --profile {name} "
+            f"--model DIR --dry-run` in the vLLM runtime (./install.sh --engine vllm); " if name in profiles_for("vllm")
+            else f"unknown profile {name!r}; ")
+    raise argparse.ArgumentTypeError(f"{vllm}sglang-ssd-stream's profiles: {', '.join(profiles_for('sglang'))}")
+
+
 def add_doctor_command(subparsers) -> None:
+    from ..operate.profiles import profiles_for
+
     p = subparsers.add_parser(
         "doctor", help="check this machine and the sglang install before serving (exit 2 on a refusal)",
         description=__doc__.split("\n\n")[0])
     p.add_argument("--python", metavar="PATH", help="check the sglang that this interpreter imports")
-    p.add_argument("--profile", help="take the server flags of a launch profile (e.g. thor)")
+    p.add_argument("--profile", type=_profile_name, help="take the server flags of a launch profile: "
+                   + ", ".join(profiles_for("sglang")))
     p.add_argument("--model", metavar="DIR", help="model view: sidecar location and memory need")
     p.add_argument("--draft", metavar="DIR", help="MTP draft directory (for the profile's flags)")
     p.add_argument("--sidecar", action="append", default=[], metavar="PATH", help="a sidecar file or folder to check")

@@ -58,3 +58,29 @@ def test_serve_dry_run_reports_it(tmp_path):
                         str(model), "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "# [error] model_config: transformers" in r.stdout and "rotary_dim=256" in r.stdout, r.stdout
+
+
+def test_the_sglang_doctor_and_plan_load_it_too(tmp_path, monkeypatch):
+    """doctor --model and plan judge the same config as serve (transformers' class), not only its JSON."""
+    from sglang_ssd_stream.operate.errors import ModelConfigError
+    from sglang_ssd_stream.sglang import doctor
+
+    from .conftest import SIDES
+
+    model = write_model(tmp_path / "m")
+    _fully_rotated(model)
+    monkeypatch.setattr(doctor, "gather_facts", lambda **kw: None)
+    monkeypatch.setattr(doctor, "run_checks", lambda facts: [])
+    _, findings = doctor.diagnose(model=str(model))
+    (found,) = [f for f in findings if f.check == "model_config"]
+    assert found.level == ERROR and "rotary_dim=256" in found.message
+
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
+    args = p.parse_args(["plan", "--profile", "thor", "--model", str(model)])
+    with pytest.raises(ModelConfigError, match="rotary_dim=256, indexer_head_dim=128"):
+        args.func(args)

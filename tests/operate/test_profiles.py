@@ -75,9 +75,17 @@ def test_mtp_auto_without_an_expected_context_keeps_the_default_and_says_how_to_
 
 
 def test_mtp_on_sglang_profiles():
+    """Issue 28 item 4: `--mtp auto` where no rule was measured is refused (it never decided anything); the
+    default keeps the profile's drafting and says that no rule exists."""
+    from sglang_ssd_stream.operate.errors import ServeRefused
+
     thor = PROFILES["sglang", "thor"]
-    profile, why = with_mtp(thor, "auto", expected_context=100_000)
-    assert profile is thor and "no measured on/off rule" in why  # the rule was measured on vLLM only
+    with pytest.raises(ServeRefused, match=r"--mtp auto: profile thor \(sglang\) has no measured on/off rule for "
+                                           r"MTP \(measured: vllm thor \(write-up 003\)\); choose --mtp on"):
+        with_mtp(thor, "auto", expected_context=100_000)
+    profile, why = with_mtp(thor)
+    assert profile is thor and "no on/off rule was measured" in why
+    assert with_mtp(VLLM_THOR)[1] == with_mtp(VLLM_THOR, "auto")[1]  # a profile with a rule: the default is auto
     off, _ = with_mtp(thor, "off")
     argv = build_launch(off, SIDES["sglang"], model="/m", python=PY, base_env={}).argv
     assert not [a for a in argv if "speculative" in a or "replayssm" in a] and not off.needs_draft

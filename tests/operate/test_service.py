@@ -183,8 +183,11 @@ def test_the_watch_unit_names_the_server_unit_the_user_wrote(tmp_path, capsys):
     assert "Wants=llm.service" in explicit and "--unit llm" in explicit
 
 
-def test_a_watch_unit_file_not_named_name_watch_keeps_the_default_server_unit(tmp_path, capsys):
+def test_a_watch_unit_file_not_named_name_watch_is_refused(tmp_path, capsys):
+    """`-o watch.service` does not say which server unit it watches: refused (a guess tied the watcher to a unit
+    that may not exist), naming the file to write; nothing is written."""
     base = ["service", "--profile", "thor", "--model", "/m", "--user", "u", "--home", "/h", "--cli", "/c"]
-    _run("sglang", base + ["--watch-unit", "-o", str(tmp_path / "watch.service")], capsys)
-    watch = (tmp_path / "watch.service").read_text()
-    assert "Wants=qwen38-ssd-stream.service" in watch and "Wants=watch.service" not in watch
+    args = _parsed("sglang", base + ["--watch-unit", "-o", str(tmp_path / "watch.service")])
+    with pytest.raises(ServeRefused, match="write -o qwen38-ssd-stream-watch.service"):
+        args.func(args)
+    assert not any(tmp_path.iterdir())

@@ -23,7 +23,9 @@ def run_validation(url: str, model: str, settings: Settings, *, suites=SUITES, o
         try:
             results["calibration"] = calibrate(run)
         except Exception as exc:  # noqa: BLE001 - no answer at all: nothing can be validated
-            raise ServerUnreachable(f"{url} did not answer a 1-token request for model {model!r}: {exc}") from None
+            raise ServerUnreachable(f"{url} did not answer a 1-token request for model {model!r}: {exc}; check that "
+                                    f"the server is up at that --url and serves --model {model!r} ({url}/models "
+                                    f"lists what it serves), then run validate again") from None
         for name in suites:
             t0 = time.monotonic()
             try:

@@ -442,10 +442,14 @@ def _systemd_args(v) -> None:
 
 
 def _compose_args(v) -> None:
+    from .service import DEFAULT_IMAGE, IMAGE_BUILD
+
     v.add_argument("--user", help="account of the watch unit (--watch-unit; default: you)")
     v.add_argument("--cli", help="path of this CLI on the host, for --watch-unit (default: next to this Python)")
     v.add_argument("--name", default="vllm_qwen3_8_flash_next")
-    v.add_argument("--image", required=True, help="engine image with this kit installed")
+    v.add_argument("--image", default=DEFAULT_IMAGE,
+                   help=f"the engine image: this kit's hash-locked, patched and verified runtime (default "
+                        f"{DEFAULT_IMAGE}, built by `{IMAGE_BUILD}`)")
     v.add_argument("--cache-dir", required=True, help="host directory for /root/.cache")
     v.add_argument("--publish", default="127.0.0.1", help="host address the port is published on")
     v.add_argument("--require-api-key", action="store_true", help="take VLLM_API_KEY from the host environment")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+from .. import __version__
 from .errors import ServeRefused
 from .launch import build_launch, check_exposure
 from .profiles import Profile
@@ -64,6 +65,11 @@ def _y(value) -> str:
 
 
 API_KEY_ENV = "VLLM_API_KEY"
+# The compose file's default image: this kit's own runtime (install.sh from the hash locks, patches applied and
+# verified at build time), built from the kit's repository; the tag is the kit's version.
+IMAGE_DOCKERFILE = "scripts/docker/vllm-runtime.Dockerfile"
+DEFAULT_IMAGE = f"qwen38-vllm-ple:{__version__}"
+IMAGE_BUILD = f"docker build -f {IMAGE_DOCKERFILE} -t {DEFAULT_IMAGE} ."
 
 
 def render_compose(profile: Profile, side: EngineSide, *, service: str, image: str, model_dir: str, cache_dir: str,
@@ -95,6 +101,8 @@ def render_compose(profile: Profile, side: EngineSide, *, service: str, image: s
     if require_api_key:
         env[API_KEY_ENV] = f"${{{API_KEY_ENV}:?set {API_KEY_ENV} on the host}}"
     out = [
+        *([f"# {DEFAULT_IMAGE}: this kit's vLLM runtime; build it in the kit's repository first: {IMAGE_BUILD}"]
+          if image == DEFAULT_IMAGE else []),
         "services:",
         f"  {service}:",
         f"    image: {_y(image)}",

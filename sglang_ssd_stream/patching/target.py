@@ -87,5 +87,7 @@ def from_python(engine: Engine, python: str | os.PathLike | None = None) -> Targ
         raise EnvironmentProblem(f"could not ask {exe} where {engine.package} is: {exc}") from None
     locations = json.loads(out.strip().splitlines()[-1])
     if not locations:
-        raise EnvironmentProblem(f"{exe} cannot import {engine.package}; install {engine.distribution} there first")
+        raise EnvironmentProblem(f"{exe} cannot import {engine.package}: it is not the {engine.name} runtime. The kit "
+                                 f"builds that with ./install.sh --engine {engine.name} (or pass --python with that "
+                                 f"runtime's interpreter)")
     return from_site_packages(engine, Path(locations[0]).parent)

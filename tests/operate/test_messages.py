@@ -269,3 +269,14 @@ def test_vllm_patch_status_without_vllm_names_the_install(capsys, json_out):
     text = json.loads(out)["message"] if json_out else err
     assert "vLLM is not installed in this runtime" in text and "./install.sh --engine vllm" in text
     assert "install vllm there first" not in out + err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="needs a runtime without vLLM")
+def test_patch_with_a_python_lacking_the_engine_names_the_install(capsys):
+    """--python pointing at an interpreter without the engine: say it is not that runtime and how to build it."""
+    import sys
+
+    rc = vllm_main(["patch", "status", "--python", sys.executable])
+    err = capsys.readouterr().err
+    assert rc == EXIT_ENVIRONMENT
+    assert "cannot import vllm: it is not the vllm runtime" in err and "./install.sh --engine vllm" in err, err

@@ -70,3 +70,28 @@ def test_verify_expected_model_shape(small):
     with pytest.raises(SidecarShapeMismatch, match="has 160 columns, but the model expects 320"):
         run(["verify", str(art), "-q", "--columns", "320"])
     assert run(["verify", str(art), "-q", "--dtype", "float8_e4m3fn", "--columns", "160", "--rows", "5003"]) == 0
+
+
+@pytest.mark.parametrize("odd", ["loop", "fifo"])
+def test_verify_of_an_odd_table_is_a_clear_refusal_through_the_real_cli(small, tmp_path, odd):
+    """`sglang-ssd-stream sidecar verify` (the real entry point, a subprocess): a symlink loop or a FIFO where a
+    table should be is a refusal naming the file, with a kit exit code and no traceback, and it never hangs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, art = small
+    table = art / "ple" / "layer-2.bin"
+    table.unlink()
+    if odd == "loop":
+        (art / "ple" / "loop").symlink_to(table)
+        table.symlink_to(art / "ple" / "loop")
+    else:
+        os.mkfifo(table)
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "sglang_ssd_stream", "sidecar", "verify", str(art)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(repo), "HOME": str(tmp_path)})
+    assert r.returncode in (2, 3), (r.returncode, r.stdout, r.stderr)
+    assert "layer-2.bin" in r.stderr and "Traceback" not in r.stdout + r.stderr, r.stderr

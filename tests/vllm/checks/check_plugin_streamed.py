@@ -201,6 +201,30 @@ def test_refused_ids_leave_the_prefetch_buffer_untouched(streamed, bad, error, m
     assert torch.equal(_lookup(emb, good).view(torch.uint8), first.view(torch.uint8))  # and the next lookup works
 
 
+@pytest.mark.parametrize("streamed", [("pread", "NONE", "0"), ("mmap", "NONE", "0"), ("pread", "NONE"),
+                                      ("mmap", "FULL_AND_PIECEWISE")], indirect=True,
+                         ids=["pread", "mmap", "pread-cache", "mmap-cache"])
+def test_a_table_rewritten_while_served_is_refused_through_the_embedding(streamed, tmp_path):
+    """Issue 29 item 6 through vLLM's own embedding (the plugin-selected StreamedPLEEmbedding), row cache on and
+    off: a table rewritten in place (same inode and size: `cp other/… a/…`) is refused at the next lookup, never
+    served as other rows; the lookups after it stay refused."""
+    import time
+
+    from sglang_ssd_stream.sidecar.errors import SidecarChanged, SidecarReaderUnusable
+
+    emb, lay, table = streamed
+    ids = torch.from_numpy(_crafted_ids(lay.rows, lay.heads, 3)["random"])
+    assert np.array_equal(_lookup(emb, ids).view(torch.uint8).numpy(), harness.rows_of(table, ids))
+    (path,) = tmp_path.glob("sc-5/ple/layer-*.bin")
+    time.sleep(0.05)  # past the filesystem's timestamp granularity, as a served table's last write is
+    with open(path, "r+b") as f:
+        f.write(bytes(b ^ 0x5A for b in path.read_bytes()))
+    with pytest.raises((SidecarChanged, SidecarReaderUnusable), match="written while it is served|unusable"):
+        _lookup(emb, ids)
+    with pytest.raises((SidecarChanged, SidecarReaderUnusable)):
+        _lookup(emb, ids[:1])
+
+
 @pytest.fixture
 def simulated_capture(monkeypatch):
     """A CPU box cannot capture: say the stream is capturing and run each host node at once (what a

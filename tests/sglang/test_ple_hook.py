@@ -18,6 +18,8 @@ EXPECTED = {
     *(f"test_a_self_consistent_sidecar_of_another_checkpoint_is_refused_at_load[tp{i}]" for i in range(2)),
     "test_read_error_after_bind_fails_closed[pread-SidecarTruncated-truncated: it has 4096 bytes]",
     "test_read_error_after_bind_fails_closed[mmap-SidecarTruncated-truncated: it has 4096 bytes]",
+    *(f"test_read_error_after_bind_fails_closed[{io}-SidecarChanged-written while it is served]"
+      for io in ("pread", "mmap", "pread-nocache", "mmap-nocache")),
     ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-"
      "SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]"),
     ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-"

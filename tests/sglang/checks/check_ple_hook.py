@@ -302,21 +302,39 @@ def test_gather_on_an_unbound_sidecar_table_refuses(env, monkeypatch):
         _gather(m.ngram.ngram_embedding, torch.zeros((2, 16), dtype=torch.long))
 
 
+REWRITE = "written while it is served"
+
+
 @pytest.mark.parametrize("io,error,message", [("pread", "SidecarTruncated", "truncated: it has 4096 bytes"),
-                                              ("mmap", "SidecarTruncated", "truncated: it has 4096 bytes")])
+                                              ("mmap", "SidecarTruncated", "truncated: it has 4096 bytes"),
+                                              ("pread", "SidecarChanged", REWRITE), ("mmap", "SidecarChanged", REWRITE),
+                                              ("pread-nocache", "SidecarChanged", REWRITE),
+                                              ("mmap-nocache", "SidecarChanged", REWRITE)])
 def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch, io, error, message):
+    """The table shrinks, or is rewritten in place (same inode and size, `cp other/… a/…`; issue 29 item 6),
+    under the running server: the next lookup refuses, with the row cache in front (default) and without."""
     import shutil
+    import time
 
     from sglang_ssd_stream.sidecar import errors
 
     art = tmp_path / "art"
     shutil.copytree(env.root / "sidecar-float8_e4m3fn", art)
     monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(art))
-    monkeypatch.setenv("SGLANG_SSD_STREAM_IO", io)
+    monkeypatch.setenv("SGLANG_SSD_STREAM_IO", io.split("-")[0])
+    if io.endswith("-nocache"):
+        monkeypatch.setenv("SGLANG_SSD_STREAM_ROW_CACHE_MB", "0")
     m = _Model(env.q, _config("float8_e4m3fn"), (0, 1))
     m.load(env.q, env.ck["float8_e4m3fn"].path)
-    os.truncate(next((art / "ple").iterdir()), 4096)  # the file shrinks under the running server
     ids = torch.full((4, 16), ROWS - 1, dtype=torch.long)
+    table = next((art / "ple").iterdir())
+    if error == "SidecarTruncated":
+        os.truncate(table, 4096)  # the file shrinks under the running server
+    else:
+        _gather(m.ngram.ngram_embedding, ids)  # served (and cached) before the rewrite
+        time.sleep(0.05)  # past the filesystem's timestamp granularity, as a served table's last write is
+        with open(table, "r+b") as f:
+            f.write(bytes(b ^ 0x5A for b in table.read_bytes()))
     with pytest.raises(getattr(errors, error), match=message):
         _gather(m.ngram.ngram_embedding, ids)
     with pytest.raises(errors.SidecarReaderUnusable):

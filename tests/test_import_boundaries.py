@@ -152,6 +152,14 @@ def test_operate_imports_no_adapter():
     assert not bad, "\n".join(bad)
 
 
+def test_the_data_path_imports_no_doctor():
+    """The code that serves rows (vLLM's embedding and prefetch, SGLang's hooks) takes its checks from the
+    floor and the runtime checks, never from a doctor (issue 25: vLLM's embedding imported its doctor)."""
+    runtime = ("vllm_ple_offload.embedding", "vllm_ple_offload.prompt_prefetch", "sglang_ssd_stream.sglang.hooks")
+    bad = [f"{m} imports {i}" for m in runtime for i in imports_of(m) if i.rsplit(".", 1)[-1] == "doctor"]
+    assert not bad, "\n".join(bad)
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]

@@ -46,7 +46,7 @@ def install_nvidia(settings: env.PleSettings):
         )
 
         if settings.streaming:
-            from .doctor import require_verified_sidecar
+            from .runtime_checks import require_verified_sidecar
 
             require_verified_sidecar(settings)  # before any row can be read; once per process
         common = importlib.import_module(COMMON_MODULE)

@@ -45,7 +45,6 @@ import functools
 import os
 import resource
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -56,11 +55,21 @@ from sglang_ssd_stream.checks.memory import check_memlock as _check_memlock
 from sglang_ssd_stream.checks.memory import has_cap as _has_cap
 from sglang_ssd_stream.checks.memory import status_fields as _status_fields
 from sglang_ssd_stream.errors import EnvironmentProblem, KitError
-from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, refusal_text
+from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding
 from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_release, thread_findings
 
 from . import env
-from .errors import PleSettingsError, PreflightFailed
+from .errors import PleSettingsError
+from .runtime_checks import (  # noqa: F401 - the doctor's API too
+    FULL_GRAPH_MESSAGE,
+    _verified,
+    full_graph_refusal,
+    load_sidecar,
+    raise_on_errors,
+    require_memlock,
+    require_verified_sidecar,
+    verify_sidecar_once,
+)
 
 CAP_SYS_PTRACE = 19
 L4T_VERIFIED = {(39, 2): "write-up 003 (vLLM, JetPack 7.2)"}  # the Jetson releases a write-up ran vLLM on
@@ -69,11 +78,6 @@ INSTALL_FIX = "./install.sh --engine vllm"  # the vLLM runtime (side.install_hin
 SETTINGS_FIX = f"fix the {env.PREFIX}* variables (README: vLLM)"
 SIDECAR_FIX = (f"point {env.SIDECAR} at the ssd-stream.json that `sglang-ssd-stream sidecar build` wrote, with "
                f"every table beside it at its full size (`sglang-ssd-stream sidecar verify DIR` checks it)")
-FULL_GRAPH_MESSAGE = (
-    "{backend} PLE backend under FULL CUDA graphs: its captured reads (one pread per row in a CUDA host node) are "
-    "not hidden behind a decode layer (0.2-0.9 ms exposed per PLE layer at 256-1,024 rows on an H200); use "
-    + env.BACKEND + "=mmap (FULL graphs verified), or start vLLM with --compilation-config "
-    "'{{\"cudagraph_mode\": \"PIECEWISE\"}}' (breakable graphs run the lookup eagerly) or --enforce-eager")
 
 
 @dataclass(frozen=True)
@@ -123,16 +127,6 @@ def _read_int(path: str) -> int | None:
         return int(Path(path).read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def load_sidecar(path: str | os.PathLike):
-    """The sidecar manifest at ``path`` (``ssd-stream.json`` or its directory), loaded as every vLLM-side
-    user loads it (doctor, the plugin's SHA-256 check, the embedding): sizes checked, and a model view's
-    table links may resolve only into the prepared snapshot it was built from, table for table: the one
-    loader and trust rule of both engines (:func:`sglang_ssd_stream.sidecar.view.load_sidecar`)."""
-    from sglang_ssd_stream.sidecar.view import load_sidecar as load
-
-    return load(path)
 
 
 def sidecar_disks(settings: env.PleSettings, manifest=None) -> tuple[DiskFacts, ...]:
@@ -312,86 +306,12 @@ def run_checks(settings: env.PleSettings, facts: Facts, *, need_bytes: int | Non
     return findings
 
 
-def raise_on_errors(findings: list[Finding]) -> None:
-    refusal = refusal_text(findings, "PLE preflight failed:")
-    if refusal:
-        raise PreflightFailed(refusal)
-
-
-def require_memlock(need_bytes: int, *, what: str, facts: Facts | None = None) -> None:
-    """At allocation time, when the bytes are known: refuse a too-low memlock limit."""
-    if facts is None:
-        status = _status_fields()
-        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-        facts = Facts(uva=True, platform="", memlock_bytes=None if soft == resource.RLIM_INFINITY else soft,
-                      cap_ipc_lock=_has_cap(status, CAP_IPC_LOCK), cap_sys_ptrace=False, yama_ptrace_scope=None,
-                      seccomp_filter=False)
-    raise_on_errors([check_memlock(facts, need_bytes, what)])
-
-
 def facts_json(facts: Facts) -> dict:
     return {**asdict(facts), "expandable_segments": facts.expandable_segments,
             "ptrace_permitted": facts.ptrace_permitted}
 
 
-# ----------------------------------------------------------------------------- sidecar SHA-256
-
-
-_verified_lock = threading.Lock()
-_verified: dict[str, Finding] = {}
-
-
-def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> Finding:
-    """The sidecar tables' SHA-256, checked once per process (the shared verifier and its verified
-    cache: a later start that finds every table unchanged since a success re-reads nothing).
-
-    ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this where the model is built,
-    before the streamed embedding is swapped in, and refuses on an error finding."""
-    from sglang_ssd_stream.sidecar.verify import verify_sidecar
-
-    if settings.no_verify:
-        return Finding(WARNING, "sidecar_sha", f"not checked: {env.NO_VERIFY}=1", f"unset {env.NO_VERIFY}")
-    key = os.path.realpath(settings.sidecar)
-    with _verified_lock:
-        if key in _verified:
-            return _verified[key]
-        try:
-            report = verify_sidecar(load_sidecar(settings.sidecar), progress=progress)
-        except KitError as exc:
-            found = Finding(ERROR, "sidecar_sha", exc.message,
-                            "rebuild or re-copy the sidecar (sglang-ssd-stream sidecar build / sidecar verify); "
-                            f"never serve it with {env.NO_VERIFY}=1")
-        else:
-            cached = sum(t.status == "cached" for t in report.tables)
-            found = Finding(OK, "sidecar_sha", f"{len(report.tables)} table(s) match the manifest's SHA-256 "
-                            f"({cached} from the verified cache {report.cache_file})")
-        _verified[key] = found
-        return found
-
-
-def require_verified_sidecar(settings: env.PleSettings) -> None:
-    """:func:`verify_sidecar_once`, raising :class:`PreflightFailed` on a mismatch (the plugin's use)."""
-    import logging
-
-    from . import LOGGER_NAME
-
-    found = verify_sidecar_once(settings)
-    if found.level == WARNING:
-        logging.getLogger(LOGGER_NAME).warning("vllm-ple-offload: %s", found.line())
-    raise_on_errors([found])
-
-
 # ----------------------------------------------------------------------------- graph mode
-
-
-def full_graph_refusal(settings: env.PleSettings, mode) -> str | None:
-    """The one rule on CUDA graphs (the embedding's build and the preflight apply it): a streamed
-    backend outside :data:`~.env.FULL_GRAPH_BACKENDS` refuses a ``cudagraph_mode`` with FULL graphs.
-    ``mode`` is vLLM's ``CUDAGraphMode``."""
-    if settings.streaming and settings.backend not in env.FULL_GRAPH_BACKENDS and mode is not None \
-            and mode.has_full_cudagraphs():
-        return f"cudagraph_mode={mode.name}: " + FULL_GRAPH_MESSAGE.format(backend=settings.backend)
-    return None
 
 
 def _serve_flags(argv: Sequence[str]) -> list[str]:

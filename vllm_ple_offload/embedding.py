@@ -46,8 +46,8 @@ from sglang_ssd_stream.staging.gather import SidecarGather
 from sglang_ssd_stream.staging.host_memory import account, allocate_registered, fmt_bytes, startup_line
 
 from . import LOGGER_NAME, env
-from .doctor import full_graph_refusal, load_sidecar, require_memlock
 from .errors import PleSettingsError
+from .runtime_checks import full_graph_refusal, load_sidecar, require_memlock
 
 log = logging.getLogger(LOGGER_NAME)
 

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from ..operate.conftest import WRITEUP_TEXT_CONFIG
 from .synthetic import random_table, write_sidecar
 
 
@@ -21,7 +22,9 @@ from .synthetic import random_table, write_sidecar
 def model(tmp_path):
     m = tmp_path / "model"
     m.mkdir()
-    (m / "config.json").write_text(json.dumps({"architectures": ["Qwen4ExpForConditionalGeneration"]}))
+    # a config transformers' Qwen4ExpConfig accepts (serve loads it with the engine's own class first)
+    (m / "config.json").write_text(json.dumps({"architectures": ["Qwen4ExpForConditionalGeneration"],
+                                               "model_type": "qwen4_exp", "text_config": WRITEUP_TEXT_CONFIG}))
     return m
 
 

@@ -74,11 +74,11 @@ def test_checkpoint_shards_land_in_the_registered_table(monkeypatch, simulated_c
 
 
 def test_memlock_too_low_is_refused_at_allocation(monkeypatch, simulated_cuda):
-    from vllm_ple_offload import doctor as preflight
+    from sglang_ssd_stream.checks import memory
 
     harness.load_plugins(monkeypatch, SETTINGS)
-    monkeypatch.setattr(preflight.resource, "getrlimit", lambda which: (4096, 4096))
-    monkeypatch.setattr(preflight, "_status_fields", lambda *a: {"CapEff": "0"})
+    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (4096, 4096))  # the floor's check at allocation
+    monkeypatch.setattr(memory, "status_fields", lambda *a: {"CapEff": "0"})
     with pytest.raises(PreflightFailed, match=r"(?s)locked-memory limit is 4 KiB, but the PLE table .* needs .*"
                                               r"--ulimit memlock=-1"):
         harness.build(harness.text_config())

@@ -1,0 +1,101 @@
+"""The checks the plugin runs inside vLLM's processes, when the values are known: the sidecar loaded by the one
+loader and trust rule, its SHA-256 checked once per process, the locked-memory limit at allocation, the rule on
+FULL CUDA graphs. The runtime (activate, embedding) imports these, never the doctor; the doctor reports the same
+rules before a launch.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from sglang_ssd_stream.checks.memory import check_memlock, locked_memory
+from sglang_ssd_stream.errors import KitError
+from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, refusal_text
+
+from . import env
+from .errors import PreflightFailed
+
+FULL_GRAPH_MESSAGE = (
+    "{backend} PLE backend under FULL CUDA graphs: its captured reads (one pread per row in a CUDA host node) are "
+    "not hidden behind a decode layer (0.2-0.9 ms exposed per PLE layer at 256-1,024 rows on an H200); use "
+    + env.BACKEND + "=mmap (FULL graphs verified), or start vLLM with --compilation-config "
+    "'{{\"cudagraph_mode\": \"PIECEWISE\"}}' (breakable graphs run the lookup eagerly) or --enforce-eager")
+
+
+def load_sidecar(path: str | os.PathLike):
+    """The sidecar manifest at ``path`` (``ssd-stream.json`` or its directory), loaded as every vLLM-side
+    user loads it (doctor, the plugin's SHA-256 check, the embedding): sizes checked, and a model view's
+    table links may resolve only into the prepared snapshot it was built from, table for table: the one
+    loader and trust rule of both engines (:func:`sglang_ssd_stream.sidecar.view.load_sidecar`)."""
+    from sglang_ssd_stream.sidecar.view import load_sidecar as load
+
+    return load(path)
+
+
+def raise_on_errors(findings: list[Finding]) -> None:
+    refusal = refusal_text(findings, "PLE preflight failed:")
+    if refusal:
+        raise PreflightFailed(refusal)
+
+
+def require_memlock(need_bytes: int, *, what: str) -> None:
+    """At allocation time, when the bytes are known: refuse a too-low memlock limit (the floor's check)."""
+    raise_on_errors([check_memlock(locked_memory(), need_bytes, what)])
+
+
+def full_graph_refusal(settings: env.PleSettings, mode) -> str | None:
+    """The one rule on CUDA graphs (the embedding's build and the preflight apply it): a streamed
+    backend outside :data:`~.env.FULL_GRAPH_BACKENDS` refuses a ``cudagraph_mode`` with FULL graphs.
+    ``mode`` is vLLM's ``CUDAGraphMode``."""
+    if settings.streaming and settings.backend not in env.FULL_GRAPH_BACKENDS and mode is not None \
+            and mode.has_full_cudagraphs():
+        return f"cudagraph_mode={mode.name}: " + FULL_GRAPH_MESSAGE.format(backend=settings.backend)
+    return None
+
+
+# ----------------------------------------------------------------------------- sidecar SHA-256
+
+
+_verified_lock = threading.Lock()
+_verified: dict[str, Finding] = {}
+
+
+def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> Finding:
+    """The sidecar tables' SHA-256, checked once per process (the shared verifier and its verified
+    cache: a later start that finds every table unchanged since a success re-reads nothing).
+
+    ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this where the model is built,
+    before the streamed embedding is swapped in, and refuses on an error finding."""
+    from sglang_ssd_stream.sidecar.verify import verify_sidecar
+
+    if settings.no_verify:
+        return Finding(WARNING, "sidecar_sha", f"not checked: {env.NO_VERIFY}=1", f"unset {env.NO_VERIFY}")
+    key = os.path.realpath(settings.sidecar)
+    with _verified_lock:
+        if key in _verified:
+            return _verified[key]
+        try:
+            report = verify_sidecar(load_sidecar(settings.sidecar), progress=progress)
+        except KitError as exc:
+            found = Finding(ERROR, "sidecar_sha", exc.message,
+                            "rebuild or re-copy the sidecar (sglang-ssd-stream sidecar build / sidecar verify); "
+                            f"never serve it with {env.NO_VERIFY}=1")
+        else:
+            cached = sum(t.status == "cached" for t in report.tables)
+            found = Finding(OK, "sidecar_sha", f"{len(report.tables)} table(s) match the manifest's SHA-256 "
+                            f"({cached} from the verified cache {report.cache_file})")
+        _verified[key] = found
+        return found
+
+
+def require_verified_sidecar(settings: env.PleSettings) -> None:
+    """:func:`verify_sidecar_once`, raising :class:`PreflightFailed` on a mismatch (the plugin's use)."""
+    import logging
+
+    from . import LOGGER_NAME
+
+    found = verify_sidecar_once(settings)
+    if found.level == WARNING:
+        logging.getLogger(LOGGER_NAME).warning("vllm-ple-offload: %s", found.line())
+    raise_on_errors([found])

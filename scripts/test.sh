@@ -1,9 +1,11 @@
 #!/bin/sh
 # The project's test command (README "Test", and .ci/run). CPU only.
-#   scripts/test.sh [sglang] [vllm] [e2e] [-- extra pytest args]   (no suite named: all three)
+#   scripts/test.sh [sglang] [vllm] [e2e] [e2e-vllm] [-- extra pytest args]   (no suite named: all four)
 # Builds or reuses the cached engine venvs (scripts/engine-venv.sh), then runs, per venv,
 # the core tests and that engine's real-engine tests; e2e starts the real sglang server of the
-# sglang venv on this CPU (tests/e2e, marker e2e; 16 server starts, ~13 min on a 2-core box).
+# sglang venv on this CPU (tests/e2e, marker e2e; 16 server starts, ~13 min on a 2-core box);
+# e2e-vllm the real vLLM OpenAI server of the vllm venv, which it never patches (tests/e2e_vllm,
+# marker e2e_vllm; 7 server starts, ~7.5 min on a 2-core box).
 # Exit status: non-zero if any test failed.
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +21,7 @@ if [ -z "$suites" ]; then
     suites=sglang
     [ -d tests/vllm ] && suites="$suites vllm"
     [ -d tests/e2e ] && suites="$suites e2e"
+    [ -d tests/e2e_vllm ] && suites="$suites e2e-vllm"
 fi
 
 # Engines write caches under $HOME on import: keep them out of the real one (the venv cache stays put).
@@ -57,6 +60,7 @@ for suite in $suites; do
                 status=1
                 continue
             fi
+            vllm_build=""  # waited for (a second wait on it would fail)
             vl=$(scripts/engine-venv.sh vllm)
             echo "== vllm venv: $vl"
             HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/vllm tests/test_wheel_architectures.py -m vllm "$@" || status=1 ;;
@@ -65,7 +69,18 @@ for suite in $suites; do
             echo "== e2e: the real sglang server of $sg on this CPU"
             command -v cc >/dev/null || { echo "e2e needs a C compiler (cc) for the stub driver" >&2; exit 1; }
             HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg "$sg" -m pytest tests/e2e -m e2e "$@" || status=1 ;;
-        *) echo "unknown suite: $suite (expected sglang, vllm or e2e)" >&2; exit 64 ;;
+        e2e-vllm)
+            if [ -n "$vllm_build" ] && ! wait "$vllm_build"; then
+                cat "$test_home/vllm-venv.log" >&2
+                echo "the vllm venv could not be built" >&2
+                status=1
+                continue
+            fi
+            vllm_build=""  # waited for (a second wait on it would fail)
+            vl=$(scripts/engine-venv.sh vllm)
+            echo "== e2e-vllm: the real vLLM OpenAI server of $vl on this CPU"
+            HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/e2e_vllm -m e2e_vllm "$@" || status=1 ;;
+        *) echo "unknown suite: $suite (expected sglang, vllm, e2e or e2e-vllm)" >&2; exit 64 ;;
     esac
 done
 exit $status

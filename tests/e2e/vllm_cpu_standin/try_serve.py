@@ -1,7 +1,7 @@
-"""Reproduce the vLLM 0.33.0 OpenAI server on a CPU box, end to end (issue 26 probe, not yet a test).
+"""Reproduce the vLLM 0.33.0 OpenAI server on a CPU box, end to end (issue 26 probe; tests/e2e_vllm is the suite).
 
-Writes the tiny random-weight qwen4_exp into a temp dir (tests/e2e/models.py, plus the one config field vLLM
-needs), optionally builds its PLE sidecar with the kit's CLI, starts
+Writes the tiny random-weight qwen4_exp into a temp dir (tests/e2e_vllm/models.py: tests/e2e/models.py plus the
+one config field vLLM needs), optionally builds its PLE sidecar with the kit's CLI, starts
 ``python -m vllm.entrypoints.openai.api_server`` of the hash-locked vLLM venv with this directory's CPU
 stand-in on PYTHONPATH, sends one greedy ``/v1/completions`` request, prints the answer, stops the server
 (its whole process group) and checks that no process of it is left.
@@ -44,21 +44,13 @@ SERVE_ARGS = [
     "--served-model-name", "qwen4-tiny",
 ]
 
+# The tiny qwen4_exp plus the config field vLLM needs, and the negative control (other PLE rows): the same
+# writer the pytest suite (tests/e2e_vllm) uses.
 WRITE_MODEL = r"""
-import json, sys
+import sys
 from pathlib import Path
-from tests.e2e.models import make_qwen4_exp
-out = make_qwen4_exp(Path(sys.argv[1]))
-cfg = json.loads((out / "config.json").read_text())
-# transformers reads output_gate_type None as hidden_act ("silu"); vLLM 0.33's GDN layer asserts a string
-cfg["text_config"]["output_gate_type"] = cfg["text_config"].get("output_gate_type") or cfg["text_config"]["hidden_act"]
-(out / "config.json").write_text(json.dumps(cfg, indent=1))
-if len(sys.argv) > 2 and sys.argv[2] == "negate-ple":  # a negative control: the same model, other PLE rows
-    from safetensors.torch import load_file, save_file
-    for f in out.glob("*.safetensors"):
-        t = load_file(str(f))
-        t = {k: (-v if ".ngram_embedding.shard_" in k else v) for k, v in t.items()}
-        save_file(t, str(f), metadata={"format": "pt"})
+from tests.e2e_vllm.models import make_qwen4_exp_vllm
+make_qwen4_exp_vllm(Path(sys.argv[1]), negate_ple=len(sys.argv) > 2 and sys.argv[2] == "negate-ple")
 """
 
 

@@ -1,0 +1,317 @@
+"""End-to-end scenarios: the real vLLM 0.33.0 OpenAI server of the cached venv, over HTTP, on a CPU (issue 26).
+
+Every test here is marked ``e2e_vllm`` (``scripts/test.sh e2e-vllm`` runs them alone) and ``vllm`` (it needs the
+vLLM venv; the ``vllm`` suite runs named paths only, so it does not pick these up). As in the sglang suite
+(``tests/e2e``), a *scenario* is one server start: the server started with a configuration, the requests a proof
+needs sent, the log and the process group kept, the server stopped (always, and before the next one starts).
+Scenarios are session fixtures, so each server starts once however many tests read its results; tests only
+assert.
+
+The shared vLLM venv stays pristine: the suite never patches or writes it (the sglang suite patches its own venv;
+this one cannot serialize with other users of the vLLM venv), so every streamed scenario sets
+``VLLM_PLE_ALLOW_UNPATCHED=1`` and the plugin's guard says so in each process's log (test_1).
+
+Budget (CI: 2 cores): four serving starts, about 70-90 s each (three Python processes import vLLM), and three
+refusals that end in seconds (the plugin refuses before vLLM builds the model). 8 tokens per request.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ..e2e.probes import token_ids
+from ..e2e.server import ServerFailed, stop_all
+from ..engine import EngineVenv, engine_venv
+from .models import make_qwen4_exp_vllm
+from .server import VllmServer
+
+MAX_TOKENS = 8  # per request, everywhere in this suite
+# Three greedy prompts: text, and token ids of two lengths (the tokenizer's specials are ids < 10).
+PROMPTS = {"text": "The secret code number is", "ids-24": token_ids(24, 0), "ids-97": token_ids(97, 1)}
+ALLOW_UNPATCHED = {"VLLM_PLE_ALLOW_UNPATCHED": "1"}  # the venv is pristine; see the module docstring
+REFUSE_TIMEOUT = 180.0  # a refusal comes in seconds; a server that serves instead is stopped by then
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/e2e_vllm/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e_vllm)
+            item.add_marker(pytest.mark.vllm)  # needs the vLLM venv: the sglang suite's "not vllm" leaves it out
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+# vLLM prefixes each line its processes write once its logging is set up: ``(APIServer pid=N) ...``,
+# ``(EngineCore pid=N) ...``, ``(VllmWorker-0 pid=N) ...`` / ``(Worker pid=N) ...`` (the same worker).
+PREFIX = re.compile(r"^\((?P<title>[A-Za-z][\w-]*) pid=(?P<pid>\d+)\) ")
+MARKS = re.compile(r"\bpid (\d+)\b|^[IWEF]\d{4} [\d:.]+ (\d+) ")  # the stand-in's lines, torch's own
+ROLES = {"api_server": ("APIServer",), "engine_core": ("EngineCore",), "worker": ("VllmWorker", "Worker")}
+
+
+@dataclass
+class Scenario:
+    name: str
+    env: dict
+    leader: int = 0  # the launcher's pid: the API server itself, and the process group's id
+    log: str = ""
+    pids: dict = field(default_factory=dict)  # pid -> command line of every group member seen while it served
+    exit_code: int | None = None  # for a server that had to refuse
+    left_behind: dict = field(default_factory=dict)  # a refusing server: its group 15 s after the launcher exited
+    after_stop: dict = field(default_factory=dict)  # the group after our stop(): must be empty
+    results: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    ready_seconds: float = 0.0
+
+    def role_pids(self) -> dict[str, set[int]]:
+        """The pids vLLM's line prefixes name for each role (``api_server``, ``engine_core``, ``worker``)."""
+        out: dict[str, set[int]] = {role: set() for role in ROLES}
+        for line in self.log.splitlines():
+            m = PREFIX.match(line)
+            if m:
+                for role, titles in ROLES.items():
+                    if m["title"].startswith(titles):
+                        out[role].add(int(m["pid"]))
+        return out
+
+    def lines_of(self, pid: int) -> list[str]:
+        """The log lines process ``pid`` wrote: those vLLM prefixed with its pid, the unprefixed ones that carry
+        its pid (the stand-in's ``pid N``, torch's ``W1204 12:00:00.0 N``) and, for the launcher (the API
+        server), the unmarked lines it wrote before vLLM set up its logging there: every one before the first
+        mark of any other process. The engine core and the worker write their plugin lines with a prefix, so an
+        unprefixed line of the plugin's can only be the launcher's."""
+        lines, others_started = [], False
+        for line in self.log.splitlines():
+            m = PREFIX.match(line)
+            marks = {int(m["pid"])} if m else {int(g) for groups in MARKS.findall(line) for g in groups if g}
+            others_started = others_started or bool(marks - {self.leader})
+            if marks == {pid} or (not marks and pid == self.leader and not others_started):
+                lines.append(line)
+        return lines
+
+    def grep(self, pattern: str, pid: int | None = None) -> list[str]:
+        lines = self.log.splitlines() if pid is None else self.lines_of(pid)
+        return [line for line in lines if re.search(pattern, line)]
+
+
+class Stage:
+    """Runs one server at a time and records what the tests need."""
+
+    def __init__(self, python: str, root: Path):
+        self.python, self.root = python, root
+        self.timings: dict[str, float] = {}
+        self.scenarios: list[Scenario] = []
+
+    def _server(self, name: str, model: Path, env: dict) -> VllmServer:
+        return VllmServer(self.python, model, self.root / name / "home", env=dict(env), name=name)
+
+    def _record(self, sc: Scenario, server: VllmServer, t0: float) -> None:
+        server.stop()
+        sc.after_stop = server.group_pids()
+        sc.log = server.log()
+        sc.seconds = time.monotonic() - t0
+        self.timings[sc.name] = sc.seconds
+        self.scenarios.append(sc)
+
+    def serve(self, name: str, model: Path, exercise, env: dict) -> Scenario:
+        sc = Scenario(name, env)
+        server = self._server(name, model, env)
+        t0 = time.monotonic()
+        try:
+            server.start()
+            sc.leader = server.proc.pid
+            server.wait_ready()
+            sc.ready_seconds = time.monotonic() - t0
+            sc.pids = server.group_pids()
+            sc.results = exercise(server) or {}
+            sc.pids.update(server.group_pids())
+        except ServerFailed as exc:
+            pytest.fail(f"scenario {name}: {exc}")
+        finally:
+            self._record(sc, server, t0)
+        return sc
+
+    def refuse(self, name: str, model: Path, env: dict, timeout: float = REFUSE_TIMEOUT) -> Scenario:
+        """A server that must stop before serving: its exit code and log."""
+        sc = Scenario(name, env)
+        server = self._server(name, model, env)
+        t0 = time.monotonic()
+        try:
+            server.start()
+            sc.leader = server.proc.pid
+            sc.exit_code = server.wait_exit(timeout)
+            sc.ready_seconds = time.monotonic() - t0
+            sc.left_behind = server.settle()  # vLLM's own teardown, before ours
+        except ServerFailed as exc:
+            pytest.fail(f"scenario {name}: {exc}")
+        finally:
+            self._record(sc, server, t0)
+        return sc
+
+
+def _stop_servers_on_sigterm(signum, frame):
+    stop_all()
+    raise SystemExit(128 + signum)
+
+
+@pytest.fixture(scope="session")
+def engine() -> EngineVenv:
+    """The pinned vLLM venv, which must be pristine: read (``patch status``), never written."""
+    eng = engine_venv("vllm")
+    states = eng.states()
+    assert states == {"pristine"}, (f"the vLLM venv {eng.python} is not pristine ({states}); this suite serves "
+                                    f"the pristine venv with VLLM_PLE_ALLOW_UNPATCHED=1 and never patches it")
+    previous = signal.signal(signal.SIGTERM, _stop_servers_on_sigterm)
+    try:
+        yield eng
+    finally:
+        stop_all()
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="session")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e_vllm")
+
+
+@pytest.fixture(scope="session")
+def stage(engine, root, request):
+    st = Stage(engine.python, root)
+    yield st
+    if st.timings:
+        lines = [f"  {sc.name}: {sc.seconds:.0f} s wall ({'ready' if sc.exit_code is None else 'exited'} after "
+                 f"{sc.ready_seconds:.0f} s)" for sc in st.scenarios]
+        request.config._e2e_vllm_timings = "\n".join(
+            [f"e2e-vllm server scenarios: {len(st.timings)} starts, {sum(st.timings.values()):.0f} s wall", *lines])
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    text = getattr(config, "_e2e_vllm_timings", None)
+    if text:
+        terminalreporter.write_line(text)
+
+
+# ----------------------------------------------------------------------------- models and sidecars
+
+
+def kit(engine: EngineVenv, *args: str) -> subprocess.CompletedProcess:
+    """``sglang-ssd-stream ARGS`` as a user runs it, in the vLLM venv, from this checkout."""
+    r = subprocess.run([engine.python, "-m", "sglang_ssd_stream", *args], capture_output=True, text=True,
+                       env=engine.env(), timeout=600)
+    if r.returncode != 0:
+        raise AssertionError(f"sglang-ssd-stream {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+@pytest.fixture(scope="session")
+def qwen4_model(root) -> Path:
+    return make_qwen4_exp_vllm(root / "qwen4_exp")
+
+
+@pytest.fixture(scope="session")
+def sidecar(engine, qwen4_model, root) -> Path:
+    out = root / "sidecar"
+    kit(engine, "sidecar", "build", str(qwen4_model), "-o", str(out), "-q")
+    return out
+
+
+@pytest.fixture(scope="session")
+def other_rows_model(root) -> Path:
+    """The tiny qwen4_exp with every PLE shard negated: the same model with other PLE rows."""
+    return make_qwen4_exp_vllm(root / "qwen4_exp-other-rows", negate_ple=True)
+
+
+@pytest.fixture(scope="session")
+def other_rows_sidecar(engine, other_rows_model, root) -> Path:
+    out = root / "sidecar-other-rows"
+    kit(engine, "sidecar", "build", str(other_rows_model), "-o", str(out), "-q")
+    return out
+
+
+DAMAGED_TABLE = "ple/layer-1.bin"
+
+
+def damaged_copy(sidecar: Path, dest: Path, how: str) -> Path:
+    """A copy of ``sidecar`` with one table cut short by a page (``truncated``) or one bit of one byte in its
+    middle flipped (``flipped``); the verifier's cache of the original is not copied."""
+    shutil.copytree(sidecar, dest)
+    for cache in dest.glob(".ssd-stream-verified*"):
+        cache.unlink()
+    table = dest / DAMAGED_TABLE
+    data = bytearray(table.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) - 4096]
+    else:
+        data[len(data) // 2] ^= 0x01
+    table.write_bytes(bytes(data))
+    return dest
+
+
+# ----------------------------------------------------------------------------- what a scenario sends
+
+
+def greedy_runs(server: VllmServer) -> dict[str, dict]:
+    """Each of :data:`PROMPTS` through ``/v1/completions``, greedy, one at a time (no batching differences)."""
+    return {label: server.greedy(prompt, MAX_TOKENS) for label, prompt in PROMPTS.items()}
+
+
+def streamed(backend: str, sidecar: Path, **extra: str) -> dict:
+    return {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": backend, "VLLM_PLE_SIDECAR": str(sidecar),
+            **ALLOW_UNPATCHED, **extra}
+
+
+# ----------------------------------------------------------------------------- scenarios (one server each)
+
+
+@pytest.fixture(scope="session")
+def vllm_table(stage, qwen4_model) -> Scenario:
+    """(a) The reference: the plugin is loaded (VLLM_PLUGINS names it) but no ``VLLM_PLE_*`` is set, so it does
+    nothing and vLLM's own ``Qwen4ExpPLEPinnedHostEmbedding`` holds the table (ordinary memory via the stand-in)."""
+    return stage.serve("vllm-table", qwen4_model, lambda s: {"greedy": greedy_runs(s)}, env={})
+
+
+@pytest.fixture(scope="session")
+def streamed_mmap(stage, qwen4_model, sidecar) -> Scenario:
+    """(b) The streamed sidecar read through ``mmap``, the default row cache (1024 MiB) and prompt-ahead prefetch."""
+    return stage.serve("streamed-mmap", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
+                       env=streamed("mmap", sidecar))
+
+
+@pytest.fixture(scope="session")
+def streamed_pread(stage, qwen4_model, sidecar) -> Scenario:
+    """(c) The streamed sidecar read through ``pread``, row cache off (``VLLM_PLE_ROW_CACHE_MB=0``)."""
+    return stage.serve("streamed-pread", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
+                       env=streamed("pread", sidecar, VLLM_PLE_ROW_CACHE_MB="0"))
+
+
+@pytest.fixture(scope="session")
+def other_rows(stage, other_rows_model, other_rows_sidecar) -> Scenario:
+    """(d) The control: (b)'s configuration on the negated checkpoint with its own sidecar."""
+    return stage.serve("other-rows", other_rows_model, lambda s: {"greedy": greedy_runs(s)},
+                       env=streamed("mmap", other_rows_sidecar))
+
+
+BAD_KNOB = ("VLLM_PLE_FETCH_WORKERS", "+8")  # int() would take it; the plugin's one rule for numbers does not
+
+
+@pytest.fixture(scope="session")
+def bad_knob(stage, qwen4_model, sidecar) -> Scenario:
+    name, value = BAD_KNOB
+    return stage.refuse("bad-knob", qwen4_model, env=streamed("mmap", sidecar, **{name: value}), timeout=120)
+
+
+@pytest.fixture(scope="session", params=["truncated", "flipped"])
+def damaged_sidecar(request, stage, qwen4_model, sidecar, root) -> tuple[str, Path, Scenario]:
+    """(b)'s configuration on a damaged copy of the sidecar; ``VLLM_PLE_NO_VERIFY`` unset (the SHA check on)."""
+    how = request.param
+    damaged = damaged_copy(sidecar, root / f"sidecar-{how}", how)
+    env = streamed("mmap", damaged)
+    assert "VLLM_PLE_NO_VERIFY" not in env
+    return how, damaged, stage.refuse(f"sidecar-{how}", qwen4_model, env=env)

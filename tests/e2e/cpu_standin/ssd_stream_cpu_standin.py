@@ -33,7 +33,6 @@ Probes (test evidence, no behaviour change): the QSA prefill row-chunk function 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -227,81 +226,11 @@ def arm() -> None:
 # ----------------------------------------------------------------------------- CUDA streams on a CPU
 
 
-class _Stream:
-    """A CUDA stream stand-in: CPU work runs in program order, so every wait is already satisfied."""
-
-    def __init__(self, *args, **kwargs):
-        ran("torch.cuda.Stream")
-
-    def wait_stream(self, other):
-        return None
-
-    def wait_event(self, event):
-        return None
-
-    def record_event(self, event=None):
-        return event if event is not None else _Event()
-
-    def synchronize(self):
-        return None
-
-    def query(self):
-        return True
-
-
-class _Event:
-    def __init__(self, *args, **kwargs):
-        ran("torch.cuda.Event")
-
-    def record(self, stream=None):
-        return None
-
-    def wait(self, stream=None):
-        return None
-
-    def synchronize(self):
-        return None
-
-    def query(self):
-        return True
-
-
-_current = threading.local()
-
-
-def _current_stream(device=None):
-    s = getattr(_current, "stream", None)
-    if s is None:
-        s = _current.stream = _Stream()
-    return s
-
-
-@contextlib.contextmanager
-def _stream(s):
-    prev = getattr(_current, "stream", None)
-    _current.stream = s if s is not None else prev
-    try:
-        yield s
-    finally:
-        _current.stream = prev
-
-
 def _cuda_streams() -> None:
-    import torch
+    """``torch.cuda`` streams and events on a CPU: one module for both engines' stand-ins."""
+    from tests.e2e.cpu_streams import install
 
-    if torch.cuda.is_available() or getattr(torch.cuda, "_ssd_stream_cpu_standin", False):
-        return
-    torch.cuda.Stream, torch.cuda.Event = _Stream, _Event
-    torch.cuda.current_stream, torch.cuda.stream = _current_stream, _stream
-    torch.cuda._ssd_stream_cpu_standin = True
-    original = torch.Tensor.record_stream
-
-    def record_stream(self, stream):
-        if isinstance(stream, _Stream):
-            return None
-        return original(self, stream)
-
-    torch.Tensor.record_stream = record_stream
+    install(ran, marker="_ssd_stream_cpu_standin")
 
 
 # ----------------------------------------------------------------------------- sgl_kernel CPU ops

@@ -14,7 +14,6 @@ HTTP contract run on a CPU. Each logs once per process when it first runs
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -308,85 +307,11 @@ def _after_triton_importing(mod):
 # ----------------------------------------------------------------------------- CUDA streams on a CPU
 
 
-class _Stream:
-    """``torch.cuda.Stream`` stand-in: CPU work runs in program order, so every wait is already satisfied."""
-
-    def __init__(self, *args, **kwargs):
-        ran("torch.cuda.Stream (synchronous)")
-
-    def wait_stream(self, other):
-        return None
-
-    def wait_event(self, event):
-        return None
-
-    def record_event(self, event=None):
-        return event if event is not None else _Event()
-
-    def synchronize(self):
-        return None
-
-    def query(self):
-        return True
-
-
-class _Event:
-    def __init__(self, *args, **kwargs):
-        ran("torch.cuda.Event (synchronous)")
-
-    def record(self, stream=None):
-        return None
-
-    def wait(self, stream=None):
-        return None
-
-    def synchronize(self):
-        return None
-
-    def query(self):
-        return True
-
-
-_current = threading.local()
-
-
-def _current_stream(device=None):
-    s = getattr(_current, "stream", None)
-    if s is None:
-        s = _current.stream = _Stream()
-    return s
-
-
-@contextlib.contextmanager
-def _stream(s):
-    prev = getattr(_current, "stream", None)
-    _current.stream = s if s is not None else prev
-    try:
-        yield s
-    finally:
-        _current.stream = prev
-
-
 def cuda_streams() -> None:
-    """``torch.cuda.Stream``/``Event``/``current_stream``/``stream``/``is_current_stream_capturing`` and
-    ``Tensor.record_stream``: vLLM's pinned PLE prefetch (and the plugin's streamed backends) order their
-    lookups with a side stream; on a CPU everything is already in program order."""
-    import torch
+    """``torch.cuda`` streams and events on a CPU: one module for both engines' stand-ins."""
+    from tests.e2e.cpu_streams import install
 
-    if torch.cuda.is_available() or getattr(torch.cuda, "_vllm_cpu_standin", False):
-        return
-    torch.cuda.Stream, torch.cuda.Event = _Stream, _Event
-    torch.cuda.current_stream, torch.cuda.stream = _current_stream, _stream
-    torch.cuda.is_current_stream_capturing = lambda: False
-    torch.cuda._vllm_cpu_standin = True
-    original = torch.Tensor.record_stream
-
-    def record_stream(self, stream):
-        if isinstance(stream, _Stream):
-            return None
-        return original(self, stream)
-
-    torch.Tensor.record_stream = record_stream
+    install(ran, marker="_vllm_cpu_standin")
 
 
 def _after_ple_common(mod):

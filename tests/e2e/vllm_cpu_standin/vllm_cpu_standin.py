@@ -14,8 +14,6 @@ HTTP contract run on a CPU. Each logs once per process when it first runs
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import threading
@@ -309,9 +307,9 @@ def _after_triton_importing(mod):
 
 def cuda_streams() -> None:
     """``torch.cuda`` streams and events on a CPU: one module for both engines' stand-ins."""
-    from tests.e2e.cpu_streams import install
+    from tests.e2e.standin_common import install_cuda_streams
 
-    install(ran, marker="_vllm_cpu_standin")
+    install_cuda_streams(ran, marker="_vllm_cpu_standin")
 
 
 def _after_ple_common(mod):
@@ -573,35 +571,7 @@ _AFTER = {
 }
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, after):
-        self.inner, self.after = inner, after
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        self.inner.exec_module(module)
-        self.after(module)
-
-    def __getattr__(self, name):  # get_source, is_package, ... of the real loader
-        return getattr(self.inner, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name in _BEFORE:
-            install_ops()
-        after = _AFTER.get(name)
-        if after is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _Loader(spec.loader, after)
-        return spec
-
-
 def arm() -> None:
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    from tests.e2e.standin_common import arm_import_hooks
+
+    arm_import_hooks(_BEFORE, _AFTER, install_ops)

@@ -38,6 +38,15 @@ case " $suites " in
             vllm_build=$! ;;
         esac ;;
 esac
+vllm_built() {  # waits (once) for the background vLLM venv build; fails, saying why, if it failed
+    [ -n "$vllm_build" ] || return 0
+    pid=$vllm_build
+    vllm_build=""  # a second wait on it would fail
+    wait "$pid" && return 0
+    cat "$test_home/vllm-venv.log" >&2
+    echo "the vllm venv could not be built" >&2
+    return 1
+}
 for suite in $suites; do
     case $suite in
         sglang)
@@ -54,13 +63,7 @@ for suite in $suites; do
             HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg SSD_STREAM_SGLANG_RELEASES=$others \
                 "$sg" -m pytest tests -m "not vllm and not e2e" "$@" || status=1 ;;
         vllm)
-            if [ -n "$vllm_build" ] && ! wait "$vllm_build"; then
-                cat "$test_home/vllm-venv.log" >&2
-                echo "the vllm venv could not be built" >&2
-                status=1
-                continue
-            fi
-            vllm_build=""  # waited for (a second wait on it would fail)
+            vllm_built || { status=1; continue; }
             vl=$(scripts/engine-venv.sh vllm)
             echo "== vllm venv: $vl"
             HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/vllm tests/test_wheel_architectures.py -m vllm "$@" || status=1 ;;
@@ -70,13 +73,7 @@ for suite in $suites; do
             command -v cc >/dev/null || { echo "e2e needs a C compiler (cc) for the stub driver" >&2; exit 1; }
             HOME=$test_home SSD_STREAM_SGLANG_PYTHON=$sg "$sg" -m pytest tests/e2e -m e2e "$@" || status=1 ;;
         e2e-vllm)
-            if [ -n "$vllm_build" ] && ! wait "$vllm_build"; then
-                cat "$test_home/vllm-venv.log" >&2
-                echo "the vllm venv could not be built" >&2
-                status=1
-                continue
-            fi
-            vllm_build=""  # waited for (a second wait on it would fail)
+            vllm_built || { status=1; continue; }
             vl=$(scripts/engine-venv.sh vllm)
             echo "== e2e-vllm: the real vLLM OpenAI server of $vl on this CPU"
             HOME=$test_home SSD_STREAM_VLLM_PYTHON=$vl "$vl" -m pytest tests/e2e_vllm -m e2e_vllm "$@" || status=1 ;;

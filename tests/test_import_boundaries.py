@@ -152,6 +152,18 @@ def test_operate_imports_no_adapter():
     assert not bad, "\n".join(bad)
 
 
+def test_plugin_tops_import_only_the_standard_library():
+    """Issue 25 item 7: the engines load our plugins from entry points and only log an import error, so the
+    plugin modules' tops (and the vLLM settings parser) must import with nothing but the standard library."""
+    code = ("import sys; import sglang_ssd_stream.sglang.plugin, vllm_ple_offload.plugin, vllm_ple_offload.env; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
+            "and m.split('.')[0] not in ('sglang_ssd_stream', 'vllm_ple_offload', '__main__')))")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})  # -S: no site-packages at all
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
+
+
 def test_the_data_path_imports_no_doctor():
     """The code that serves rows (vLLM's embedding and prefetch, SGLang's hooks) takes its checks from the
     floor and the runtime checks, never from a doctor (issue 25: vLLM's embedding imported its doctor)."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_ssd_stream.env_numbers import knob_int
+from sglang_ssd_stream.patching.engines import ENGINES
 
 from .errors import PleSettingsError
 
@@ -47,7 +48,7 @@ FETCH_WORKERS = "VLLM_PLE_FETCH_WORKERS"
 ROWS_PER_TASK = "VLLM_PLE_ROWS_PER_TASK"
 STATS_INTERVAL = "VLLM_PLE_STATS_INTERVAL"
 NO_VERIFY = "VLLM_PLE_NO_VERIFY"  # "1": skip the sidecar's one-time SHA-256 check (explicit opt-out)
-ALLOW_UNPATCHED = "VLLM_PLE_ALLOW_UNPATCHED"
+ALLOW_UNPATCHED = ENGINES["vllm"].allow_unpatched_env  # named once, with the engine (patching/engines.py)
 # The engine-neutral knobs' vLLM names and limits (this module stays stdlib-only; tests/vllm/test_env.py pins
 # them equal to sidecar/row_cache.py VLLM_BUDGET_ENV, DEFAULT_BUDGET_MB, MAX_BUDGET_MB and sidecar/prefetch.py
 # VLLM_WINDOW_ENV, DEFAULT_WINDOW, MAX_WINDOW).

@@ -5,7 +5,16 @@ Imports neither sglang nor vllm; both engine sides (``sglang-ssd-stream patch`` 
 """
 
 from .engines import ENGINES, Engine
-from .manifest import Manifest, known_manifests, load_manifest
-from .state import FileState, survey
 
 __all__ = ["ENGINES", "Engine", "Manifest", "load_manifest", "known_manifests", "FileState", "survey"]
+_LAZY = {"Manifest": "manifest", "load_manifest": "manifest", "known_manifests": "manifest", "FileState": "state",
+         "survey": "state"}
+
+
+def __getattr__(name: str):
+    # Lazy: the plugins' top levels import .engines (stdlib-only); the manifest needs `packaging`.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

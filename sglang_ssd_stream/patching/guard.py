@@ -27,7 +27,7 @@ from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN, function_sha25
 MIXED, PENDING, NO_VERDICT = "mixed", "pending", "error"
 
 # Each engine's escape hatch for running on a pristine engine, and the command that patches it.
-ALLOW_UNPATCHED_ENV = {"sglang": "SGLANG_SSD_STREAM_ALLOW_UNPATCHED", "vllm": "VLLM_PLE_ALLOW_UNPATCHED"}
+ALLOW_UNPATCHED_ENV = {name: e.allow_unpatched_env for name, e in ENGINES.items()}
 TOOL = {name: e.tool for name, e in ENGINES.items()}
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import sys
 
-from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW
+from ..patching.engines import ENGINES  # stdlib-only, like every import at this module's top
 
-ALLOW_UNPATCHED_ENV = _ALLOW["sglang"]
+ALLOW_UNPATCHED_ENV = ENGINES["sglang"].allow_unpatched_env
 
 _registered = False
 

@@ -97,11 +97,11 @@ def test_streaming_knobs_are_refused_with_pinned(name):
     ("VLLM_PLE_FETCH_WORKERS", "24x", "is not an integer"),
     ("VLLM_PLE_ROWS_PER_TASK", "0", "out of range 1.."),
     ("VLLM_PLE_ROWS_PER_TASK", "1.5", "is not an integer"),
-    ("VLLM_PLE_STATS_INTERVAL", "-1", "is not an integer"),
+    ("VLLM_PLE_STATS_INTERVAL", "-1", "is out of range"),  # the one knob rule: a sign reaches the range check
     ("VLLM_PLE_ROW_CACHE_MB", "1048577", r"out of range 0..1048576"),
     ("VLLM_PLE_ROW_CACHE_MB", "1G", "is not an integer"),
     ("VLLM_PLE_PREFETCH_CHUNKS", "65", r"out of range 0..64"),
-    ("VLLM_PLE_PREFETCH_CHUNKS", "-1", "is not an integer"),
+    ("VLLM_PLE_PREFETCH_CHUNKS", "-1", "is out of range"),
 ])
 def test_bad_numbers(name, value, match, tmp_path):
     with pytest.raises(PleSettingsError, match=match):

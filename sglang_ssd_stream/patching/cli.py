@@ -39,7 +39,7 @@ never write."""
 
 CHANGE_VERBS = ("patch ", "restore ")  # report actions that write (commands.py words them so)
 
-def add_patch_commands(subparsers, engine_name: str) -> None:
+def add_patch_commands(subparsers: argparse._SubParsersAction, engine_name: str) -> None:
     engine = ENGINES[engine_name]
     patch = subparsers.add_parser(
         "patch", help=f"apply, verify or revert this kit's {engine.name} source patches",
@@ -82,7 +82,7 @@ def add_patch_commands(subparsers, engine_name: str) -> None:
     d.set_defaults(func=lambda args, _e=engine.name: run_drift_command(args, _e))
 
 
-def run_drift_command(args, engine_name: str) -> int:
+def run_drift_command(args: argparse.Namespace, engine_name: str) -> int:
     import os
 
     from packaging.version import Version
@@ -125,7 +125,7 @@ def run_drift_command(args, engine_name: str) -> int:
 WRITE_VERBS = ("apply", "revert", "recover")
 
 
-def run_patch_command(args, engine_name: str) -> int:
+def run_patch_command(args: argparse.Namespace, engine_name: str) -> int:
     engine = ENGINES[engine_name]
     root = Path(args.data_dir) if args.data_dir else None
     hold = deferred_signals() if args.verb in WRITE_VERBS else contextlib.nullcontext(lambda: None)

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from .. import strict_json
-from ..errors import BadKitData, EnvironmentProblem
+from ..errors import BadKitData, EnvironmentProblem, KitError
 
 O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -138,7 +138,7 @@ def read_kit_file(path: Path, what: str, limit: int = MAX_KIT_DOC_BYTES) -> byte
         raise EnvironmentProblem(f"cannot read {what} {path}: {errno_text(exc)}; nothing was changed") from None
 
 
-def parse_json(raw: bytes, what: str, error=BadKitData):
+def parse_json(raw: bytes, what: str, error: type[KitError] = BadKitData) -> object:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity; deep nesting is an error, not a crash."""
     try:
         return strict_json.loads(raw)

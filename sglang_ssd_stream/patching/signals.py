@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..errors import KitError
@@ -16,14 +17,14 @@ _deferred: dict = {"on": False, "signum": None}
 
 
 @contextmanager
-def deferred_signals():
+def deferred_signals() -> Iterator[Callable[[], int | None]]:
     """SIGINT/SIGTERM recorded instead of raised while a write command runs (main thread only);
     yields a callable returning the signal received (None if none)."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
 
-    def record(signum, frame):
+    def record(signum: int, frame: object) -> None:
         if _deferred["signum"] is None:
             _deferred["signum"] = signum
 

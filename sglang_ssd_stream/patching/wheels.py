@@ -17,9 +17,13 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import EnvironmentProblem
 from .engines import Engine
+
+if TYPE_CHECKING:
+    from .manifest import Manifest
 
 # pip matches --platform tags exactly, so name each manylinux level the engines publish
 # (sglang: manylinux_2_34; vllm: manylinux_2_28, cp38-abi3).
@@ -120,7 +124,7 @@ def _dist_info_name(site_fd: int, distribution: str, release: str) -> str | None
     return None
 
 
-def installed_origin(site_packages: Path, manifest) -> WheelOrigin:
+def installed_origin(site_packages: Path, manifest: Manifest) -> WheelOrigin:
     """Which of the manifest's wheels the installed engine came from, by its RECORD; refuses to guess."""
     from .files import NotAFile, errno_text, read_at
     from .state import open_site

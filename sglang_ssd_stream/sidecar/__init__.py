@@ -46,7 +46,8 @@ IO_MODES = ("mmap", "pread")
 
 
 def open_reader(table: SidecarTable, io: str, *, max_rows: int, workers: int, vocab_start: int | None = None,
-                vocab_end: int | None = None, total_rows: int | None = None, rows_per_task: int | None = None):
+                vocab_end: int | None = None, total_rows: int | None = None,
+                rows_per_task: int | None = None) -> MappedReader | SidecarReader:
     """A row reader of ``table`` for this rank: ``io="mmap"`` (:class:`MappedReader`) or
     ``"pread"`` (:class:`SidecarReader`); both have the same ``read_rows(ids, out)`` contract."""
     common = dict(vocab_start=vocab_start, vocab_end=vocab_end, total_rows=total_rows, max_rows=max_rows,

@@ -87,7 +87,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def add_sidecar_commands(subparsers) -> dict[str, argparse.ArgumentParser]:
+def add_sidecar_commands(subparsers: argparse._SubParsersAction) -> dict[str, argparse.ArgumentParser]:
     """Add ``build`` and ``verify`` to an argparse ``subparsers`` object.
 
     Each parser gets ``set_defaults(func=handler)``; ``handler(args) -> int``. Returns the

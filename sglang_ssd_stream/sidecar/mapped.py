@@ -37,6 +37,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def shared_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
         return pool
 
 
-def drop_page_cache(path, readers=()) -> None:
+def drop_page_cache(path: str | os.PathLike, readers: Iterable[object] = ()) -> None:
     """Evict ``path`` from the page cache (benchmarks' cold runs): first the pages the mapped
     ``readers`` hold mapped (``MADV_DONTNEED``; fadvise cannot drop mapped pages), then the file's."""
     for r in readers:

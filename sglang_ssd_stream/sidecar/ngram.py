@@ -32,6 +32,7 @@ Imports only the standard library and numpy (no engine, no torch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,7 +184,8 @@ class NGramHash:
                    -(-total // div) * div)
 
     @classmethod
-    def from_buffers(cls, layer_multipliers, ngram_heads_vocab_sizes, ngram_heads_offsets, *, heads_per_ngram: int,
+    def from_buffers(cls, layer_multipliers: np.ndarray, ngram_heads_vocab_sizes: np.ndarray,
+                     ngram_heads_offsets: np.ndarray, *, heads_per_ngram: int,
                      eos_token_id: int, rows: int) -> NGramHash:
         """From a loaded engine module's buffers (``.tolist()`` of the tensors, or any int sequence)."""
         m, s, o = (tuple(int(v) for v in _as_int64(x, name)) for x, name in (
@@ -192,14 +194,14 @@ class NGramHash:
         return cls(m, s, o, int(heads_per_ngram), int(eos_token_id), int(rows))
 
     @classmethod
-    def from_module(cls, module, *, rows: int) -> NGramHash:
+    def from_module(cls, module: object, *, rows: int) -> NGramHash:
         """From a loaded n-gram embedding module of either engine (sglang's and vLLM's ``Qwen4ExpNGramEmbedding``
         name these buffers alike); ``rows``: the table's row count."""
         return cls.from_buffers(module.layer_multipliers.tolist(), module.ngram_heads_vocab_sizes.tolist(),
                                 module.ngram_heads_offsets.tolist(), heads_per_ngram=module.heads_per_ngram,
                                 eos_token_id=module.eos_token_id, rows=rows)
 
-    def ids(self, tokens, history=None) -> np.ndarray:
+    def ids(self, tokens: Sequence[int] | np.ndarray, history: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """Row ids ``[len(tokens), ngram_heads]`` (int64) of ``tokens``.
 
         Args:
@@ -234,7 +236,7 @@ class NGramHash:
                 np.add(np.remainder(mix[:, None], sizes[None, :]), offsets[None, :], out=out[:, lo:lo + hp])
         return out
 
-    def chunk_ids(self, tokens, start: int, stop: int) -> np.ndarray:
+    def chunk_ids(self, tokens: Sequence[int] | np.ndarray, start: int, stop: int) -> np.ndarray:
         """The flat row ids of prompt positions ``[start, stop)`` (token-major, head-minor): what
         the PLE lookup of that prefill chunk reads. ``tokens`` is the whole prompt."""
         t = _as_int64(tokens, "tokens")

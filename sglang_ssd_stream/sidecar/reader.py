@@ -29,6 +29,7 @@ import os
 import stat
 import threading
 import weakref
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -76,7 +77,7 @@ def _close_fd(fd: int, pool: concurrent.futures.ThreadPoolExecutor | None) -> No
         pass
 
 
-def check_ids(ids, table: SidecarTable, total_rows: int) -> np.ndarray:
+def check_ids(ids: Sequence[int] | np.ndarray, table: SidecarTable, total_rows: int) -> np.ndarray:
     """``ids`` as a 1-D int64 array, or :class:`SidecarShapeMismatch`/:class:`SidecarRowOutOfRange`."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
@@ -103,7 +104,7 @@ def check_bounds(ids: np.ndarray, table: SidecarTable, total_rows: int) -> None:
         )
 
 
-def open_table(path, extra_flags: int = 0) -> int:
+def open_table(path: str | os.PathLike, extra_flags: int = 0) -> int:
     """A table file's descriptor, refusing what is not a regular file without ever blocking: opened
     non-blocking (a FIFO swapped in after load would hang a plain open) and without following a link
     (``path`` is the real file the manifest resolved to; a link put there later is refused), then
@@ -160,7 +161,7 @@ def check_usable(table: SidecarTable, closed: bool, failure: str | None) -> None
         )
 
 
-def check_out(out, n: int, row_bytes: int) -> None:
+def check_out(out: np.ndarray, n: int, row_bytes: int) -> None:
     """``out`` is a writable C-contiguous uint8 ``[n, row_bytes]`` array."""
     if (
         not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (n, row_bytes)

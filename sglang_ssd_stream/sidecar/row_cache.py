@@ -31,6 +31,7 @@ import os
 import secrets
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -162,7 +163,7 @@ def load() -> ctypes.CDLL:
 S3_DEFAULTS = (S3_SMALL_FRACTION, S3_THRESHOLD, S3_KEEP_FREQ, S3_GHOST_FRACTION)
 
 
-def metadata_bytes(capacity: int, policy: str = DEFAULT_POLICY, s3=S3_DEFAULTS) -> int:
+def metadata_bytes(capacity: int, policy: str = DEFAULT_POLICY, s3: tuple = S3_DEFAULTS) -> int:
     """Bytes of metadata the cache allocates for ``capacity`` rows (index, keys, policy state)."""
     return int(load().rc_metadata_bytes(int(capacity), POLICIES[policy], float(s3[3])))
 
@@ -173,7 +174,7 @@ def fixed_bytes(wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0) -> int:
 
 
 def capacity_for_budget(budget_bytes: int, row_bytes: int, *, policy: str = DEFAULT_POLICY,
-                        wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0, s3=S3_DEFAULTS) -> int:
+                        wave_pages: int = DEFAULT_WAVE_PAGES, max_rows: int = 0, s3: tuple = S3_DEFAULTS) -> int:
     """The most rows whose storage + metadata + per-call buffers fit ``budget_bytes`` (0 if none)."""
     room = int(budget_bytes) - fixed_bytes(wave_pages, max_rows)
     lo, hi = 0, max(0, room // int(row_bytes))
@@ -283,7 +284,8 @@ class RowCache:
         self._finalizer = weakref.finalize(self, _release, lib, handle, fd, self._host_nodes)
 
     @classmethod
-    def for_budget(cls, reader, budget_bytes: int, *, allocate=None, policy: str = DEFAULT_POLICY, **kw):
+    def for_budget(cls, reader: object, budget_bytes: int, *, allocate: Callable[[int], object] | None = None,
+                   policy: str = DEFAULT_POLICY, **kw) -> RowCache | None:
         """A cache over ``reader`` whose rows + metadata + buffers fit ``budget_bytes``, its storage from
         ``allocate(nbytes)`` (a uint8 array or tensor: e.g. ``staging.host_memory.allocate_registered``;
         default plain memory), or None when the budget holds no row (0: the cache is off)."""
@@ -381,7 +383,7 @@ class RowCache:
             _raise_fatal(msg, str(self.table.file))
         raise SidecarReaderUnusable(f"PLE row cache for {self.table.file}: {msg}", path=str(self.table.file))
 
-    def read_rows(self, ids, out: np.ndarray) -> None:
+    def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """Fill ``out[i]`` with the bytes of global row ``ids[i]`` (zero for other ranks' rows).
 
         Raises like :meth:`SidecarReader.read_rows`: :class:`SidecarRowOutOfRange` (nothing written,
@@ -392,13 +394,13 @@ class RowCache:
         check_out(out, ids.shape[0], self.row_bytes)
         self._call(ids, out, 0)
 
-    def prefetch(self, ids) -> None:
+    def prefetch(self, ids: np.ndarray) -> None:
         """Bring rows ``ids`` into the cache (this rank's; others are ignored); rows present or being
         filled are left alone. Blocks until they are read: run it on a background thread."""
         ids = check_ids(ids, self.table, self.total_rows)
         self._call(ids, None, _F_PREFETCH)
 
-    def contains(self, ids) -> np.ndarray:
+    def contains(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` are cached now (no policy update)."""
         ids = np.ascontiguousarray(check_ids(ids, self.table, self.total_rows))
         res = np.zeros(ids.size, np.uint8)
@@ -523,11 +525,11 @@ class CacheSimulator:
         if self._lib.rc_read(self._c, ids.ctypes.data, ids.size, None, _F_NODATA | flags, err, len(err)) != 0:
             raise ValueError(_err(err))
 
-    def access(self, ids) -> None:
+    def access(self, ids: np.ndarray) -> None:
         """A demand lookup of ``ids`` (one batch, e.g. a prefill chunk's rows)."""
         self._call(ids, 0)
 
-    def prefetch(self, ids) -> None:
+    def prefetch(self, ids: np.ndarray) -> None:
         self._call(ids, _F_PREFETCH)
 
     @property

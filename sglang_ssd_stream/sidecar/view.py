@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import SidecarManifestError
 from .format import MANIFEST_NAME, hf_blobs_root
+
+if TYPE_CHECKING:
+    from .format import SidecarManifest
 
 MARKER_NAME = ".ssd-stream-view.json"
 MARKER_FORMAT = "sglang-ssd-stream-view"
@@ -58,19 +63,20 @@ def view_trusted_roots(view: str | os.PathLike) -> list[str]:
     return [str(real)] + ([os.path.realpath(blobs)] if blobs is not None else [])
 
 
-def env_trusted_roots(environ=None) -> list[str]:
+def env_trusted_roots(environ: Mapping[str, str] | None = None) -> list[str]:
     """Roots the operator names in ``SGLANG_SSD_STREAM_TRUSTED_ROOTS``, with their HF blobs."""
     env = os.environ if environ is None else environ
     roots = [r for r in env.get(TRUSTED_ROOTS_ENV, "").split(os.pathsep) if r]
     return roots + [str(b) for b in [hf_blobs_root(Path(r)) for r in roots] if b is not None]
 
 
-def trusted_roots(artifact_dir: str | os.PathLike, environ=None) -> list[str]:
+def trusted_roots(artifact_dir: str | os.PathLike, environ: Mapping[str, str] | None = None) -> list[str]:
     """Roots a sidecar in ``artifact_dir`` may resolve into: the view's prepared snapshot and the variable's."""
     return view_trusted_roots(artifact_dir) + env_trusted_roots(environ)
 
 
-def load_sidecar(path: str | os.PathLike, *, extra_roots=(), check_files: bool = True):
+def load_sidecar(path: str | os.PathLike, *, extra_roots: Iterable[str | os.PathLike] = (),
+                 check_files: bool = True) -> SidecarManifest:
     """The one loader of a sidecar manifest for both engines and the CLI: the artifact itself (and its HF
     blobs), the roots the operator names (``extra_roots``) and, for a model view, the prepared snapshot
     it was built from, table for table: each of the view's tables must resolve to the very file the

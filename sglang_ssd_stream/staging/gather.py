@@ -291,7 +291,7 @@ class SidecarGather:
 
     # ------------------------------------------------------------------ CUDA graphs
 
-    def capture(self, ids: torch.Tensor, out: torch.Tensor, stream) -> None:
+    def capture(self, ids: torch.Tensor, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
         """Inside CUDA-graph capture on ``stream``: D2H of ``ids`` -> host node reading the rows ->
         delivery into ``out``, all replayed by the graph (see the module docstring)."""
         from .hostfunc import launch_native_host_func
@@ -318,11 +318,12 @@ class SidecarGather:
         self.stats.captured += 1
 
     @staticmethod
-    def capture_wait(event: torch.cuda.Event, stream=None) -> None:
+    def capture_wait(event: torch.cuda.Event, stream: torch.cuda.Stream | None = None) -> None:
         """Inside capture: make the graph wait for an event recorded before each replay."""
         (stream or torch.cuda.current_stream()).wait_event(event)
 
-    def launch_for_replay(self, ids_host: np.ndarray, out: torch.Tensor, stream, event: torch.cuda.Event) -> None:
+    def launch_for_replay(self, ids_host: np.ndarray, out: torch.Tensor, stream: torch.cuda.Stream,
+                          event: torch.cuda.Event) -> None:
         """Outside capture, before replay: fill ``out`` (the graph's fixed buffer) and record ``event``."""
         n = len(ids_host)
         self._check(n, out)

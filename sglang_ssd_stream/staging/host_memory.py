@@ -19,9 +19,13 @@ import mmap
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import EnvironmentProblem
 from . import LOGGER_NAME
+
+if TYPE_CHECKING:
+    import torch  # at run time only inside the functions that need it (the floor imports without torch)
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -57,7 +61,7 @@ class CudaHost:
 
         return int(torch.cuda.cudart().cudaHostUnregister(pointer).value)
 
-    def is_pinned(self, tensor) -> bool:
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
         return bool(tensor.is_pinned())
 
 
@@ -68,7 +72,7 @@ def _unregister(cuda: CudaHost, mapping: mmap.mmap, pointer: int) -> None:
         log.warning("cudaHostUnregister(%#x) failed with CUDA error %d", pointer, code)
 
 
-def allocate_registered(nbytes: int, *, label: str, cuda: CudaHost | None = None):
+def allocate_registered(nbytes: int, *, label: str, cuda: CudaHost | None = None) -> torch.Tensor:
     """A ``torch.uint8`` tensor of ``nbytes`` bytes in page-aligned, CUDA-registered host memory.
 
     Raises:

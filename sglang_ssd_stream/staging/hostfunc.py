@@ -27,7 +27,7 @@ def _libcuda():
         return _lib
 
 
-def launch_native_host_func(stream, read) -> None:
+def launch_native_host_func(stream: object, read: object) -> None:
     """Enqueue the native read ``read`` (a :class:`.native_read.NativeRead`, which the caller keeps
     alive for as long as a graph that captured it may replay) on ``stream`` (a ``torch.cuda.Stream``)."""
     rc = _libcuda().cuLaunchHostFunc(ctypes.c_void_p(stream.cuda_stream), ctypes.c_void_p(read.function),

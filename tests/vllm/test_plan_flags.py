@@ -19,7 +19,8 @@ SGLANG_ONLY = ["--context-length", "--max-total-tokens", "--max-running-requests
 @pytest.fixture
 def config(tmp_path):
     p = tmp_path / "config.json"
-    p.write_text(json.dumps({"text_config": WRITEUP_TEXT_CONFIG}))
+    # a config transformers' Qwen4ExpConfig accepts: plan loads it with the engine's own class first
+    p.write_text(json.dumps({"model_type": "qwen4_exp", "text_config": WRITEUP_TEXT_CONFIG}))
     return p
 
 

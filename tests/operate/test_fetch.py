@@ -207,7 +207,7 @@ def test_cli_in_the_recipes_form(hub, tmp_path, monkeypatch, capsys):
     assert f"prepared: {PREPARED_REPO}@{C_PREP}" in out.out
     assert f"prepared: {PREPARED_REPO}@{C_PREP} (main)" in out.err
     # serve without --model finds the view through state.json
-    from sglang_ssd_stream.operate.cli import _resolve_model
+    from sglang_ssd_stream.operate.serve_cli import _resolve_model
 
     class A:
         model, data_dir, draft = None, None, None

@@ -9,8 +9,8 @@ import pytest
 
 from sglang_ssd_stream.errors import EXIT_USAGE
 from sglang_ssd_stream.operate import add_operate_commands
-from sglang_ssd_stream.operate.cli import _served_context
 from sglang_ssd_stream.operate.errors import ModelNotServed, ServerUnreachable
+from sglang_ssd_stream.operate.validate_cli import _served_context
 
 from .conftest import SIDES
 from .test_watch import Endpoint

@@ -136,7 +136,7 @@ def test_every_user_loads_through_the_one_loader():
     users = ["sglang_ssd_stream/sglang/config.py", "sglang_ssd_stream/sglang/doctor.py",
              "vllm_ple_offload/doctor.py", "sglang_ssd_stream/sidecar/cli.py",
              "sglang_ssd_stream/operate/model_view.py", "sglang_ssd_stream/operate/preflight.py",
-             "sglang_ssd_stream/operate/watch.py"]
+             "sglang_ssd_stream/operate/watch/cli.py"]
     for rel in users:
         text = (repo / rel).read_text()
         assert "load_sidecar" in text, rel

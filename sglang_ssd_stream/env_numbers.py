@@ -24,7 +24,7 @@ def knob_int(name: str, raw: str, lo: int, hi: int, *, what: str | None = None, 
     try:
         value = ascii_int(raw, signed=True)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not {what or f'an integer {lo}..{hi} (ASCII digits only)'}") from None
+        raise ValueError(f"{name}={raw!r} is not {what or f'an integer {lo}..{hi}'} (ASCII digits only)") from None
     if not lo <= value <= hi:
         raise ValueError(f"{name}={value} is out of range {lo}..{hi}{unit}")
     return value

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-HOME_ENV = "SGLANG_SSD_STREAM_HOME"
+from .knobs import SGLANG, knob
+
+HOME_ENV = knob(SGLANG, "HOME").name  # the kit's data directory, for both engines
 
 
 def data_dir() -> Path:

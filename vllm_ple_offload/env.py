@@ -35,34 +35,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_ssd_stream.env_numbers import knob_int
-from sglang_ssd_stream.patching.engines import ENGINES
+from sglang_ssd_stream.knobs import PREFIX as _PREFIXES
+from sglang_ssd_stream.knobs import VLLM, VLLM_KNOBS, KnobError, knob
 
 from .errors import PleSettingsError
 
-PREFIX = "VLLM_PLE_"
-CPU_OFFLOAD = "VLLM_PLE_CPU_OFFLOAD"
-BACKEND = "VLLM_PLE_OFFLOAD_BACKEND"
-SIDECAR = "VLLM_PLE_SIDECAR"
-FETCH_WORKERS = "VLLM_PLE_FETCH_WORKERS"
-ROWS_PER_TASK = "VLLM_PLE_ROWS_PER_TASK"
-STATS_INTERVAL = "VLLM_PLE_STATS_INTERVAL"
-NO_VERIFY = "VLLM_PLE_NO_VERIFY"  # "1": skip the sidecar's one-time SHA-256 check (explicit opt-out)
-ALLOW_UNPATCHED = ENGINES["vllm"].allow_unpatched_env  # named once, with the engine (patching/engines.py)
-# The engine-neutral knobs' vLLM names and limits (this module stays stdlib-only; tests/vllm/test_env.py pins
-# them equal to sidecar/row_cache.py VLLM_BUDGET_ENV, DEFAULT_BUDGET_MB, MAX_BUDGET_MB and sidecar/prefetch.py
-# VLLM_WINDOW_ENV, DEFAULT_WINDOW, MAX_WINDOW).
-ROW_CACHE_MB = "VLLM_PLE_ROW_CACHE_MB"
-PREFETCH_CHUNKS = "VLLM_PLE_PREFETCH_CHUNKS"
-KNOWN = (CPU_OFFLOAD, BACKEND, SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ROW_CACHE_MB,
-         PREFETCH_CHUNKS, ALLOW_UNPATCHED)
+# Names, defaults and bounds are declared once, with SGLang's, in sglang_ssd_stream/knobs.py (stdlib only).
+PREFIX = _PREFIXES[VLLM]
+CPU_OFFLOAD = knob(VLLM, "CPU_OFFLOAD").name
+BACKEND = knob(VLLM, "OFFLOAD_BACKEND").name
+SIDECAR = knob(VLLM, "SIDECAR").name
+FETCH_WORKERS = knob(VLLM, "FETCH_WORKERS").name
+ROWS_PER_TASK = knob(VLLM, "ROWS_PER_TASK").name
+STATS_INTERVAL = knob(VLLM, "STATS_INTERVAL").name
+NO_VERIFY = knob(VLLM, "NO_VERIFY").name  # "1": skip the sidecar's one-time SHA-256 check (explicit opt-out)
+ALLOW_UNPATCHED = knob(VLLM, "ALLOW_UNPATCHED").name
+ROW_CACHE_MB = knob(VLLM, "ROW_CACHE_MB").name
+PREFETCH_CHUNKS = knob(VLLM, "PREFETCH_CHUNKS").name
+KNOWN = tuple(VLLM_KNOBS)
 STREAMING_ONLY = (SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ROW_CACHE_MB, PREFETCH_CHUNKS)
 
 # vLLM's plugin allowlist and our entry point's name in it (pyproject: vllm.general_plugins).
 PLUGINS_ENV = "VLLM_PLUGINS"
 PLUGIN_NAME = "ple_offload"
 
-PINNED, MMAP, PREAD = "pinned", "mmap", "pread"
+PINNED, MMAP, PREAD = VLLM_KNOBS[BACKEND].choices
 BACKENDS = (PINNED, MMAP, PREAD)
 STREAMING_BACKENDS = (MMAP, PREAD)
 # Streamed backends whose lookups may be captured in FULL CUDA graphs (vLLM 0.33's default is
@@ -70,18 +67,13 @@ STREAMING_BACKENDS = (MMAP, PREAD)
 # decode layer; pread's expose 0.2-0.9 ms per PLE layer at 256-1,024 rows (benchmarks/vllm_ple/README.md).
 FULL_GRAPH_BACKENDS = (MMAP,)
 RENAMED_BACKENDS = {"sidecar": PREAD}  # old name -> new: refused with the new name
-DEFAULT_BACKEND = PINNED
+DEFAULT_BACKEND = VLLM_KNOBS[BACKEND].default
 
-# The Thor write-up's measured optimum: 24 workers x 2,048 rows per task took 277 -> 10 us/row.
-DEFAULT_FETCH_WORKERS = 24
-DEFAULT_ROWS_PER_TASK = 2048
-MAX_FETCH_WORKERS = 256
-MAX_ROWS_PER_TASK = 1 << 20
-MAX_STATS_INTERVAL = 1 << 30
-DEFAULT_ROW_CACHE_MB = 1024  # all PLE layers of a process together
-MAX_ROW_CACHE_MB = 1 << 20  # 1 TiB: anything larger is a typo
-DEFAULT_PREFETCH_CHUNKS = 1
-MAX_PREFETCH_CHUNKS = 64
+DEFAULT_FETCH_WORKERS = VLLM_KNOBS[FETCH_WORKERS].default
+DEFAULT_ROWS_PER_TASK = VLLM_KNOBS[ROWS_PER_TASK].default
+MAX_FETCH_WORKERS = VLLM_KNOBS[FETCH_WORKERS].hi
+DEFAULT_ROW_CACHE_MB = VLLM_KNOBS[ROW_CACHE_MB].default  # all PLE layers of a process together
+DEFAULT_PREFETCH_CHUNKS = VLLM_KNOBS[PREFETCH_CHUNKS].default
 # One fetch round is FETCH_WORKERS x ROWS_PER_TASK rows of one table; the pread backend's page
 # buffer holds a whole round (and the mmap backend's index arrays scale with it), per table and
 # process. 256 MiB is 34x the Thor default (24 x 2,048 x 160 B = 7.5 MiB).
@@ -124,23 +116,12 @@ class PleSettings:
                 f"rows_per_task={self.rows_per_task} {cache}" + (" sha256_check=off" if self.no_verify else ""))
 
 
-def _int(environ: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    raw = environ.get(name)
-    if raw is None:
-        return default
+def _read(environ: Mapping[str, str], name: str):
+    """The declared knob's value (its default when unset); PleSettingsError naming the knob otherwise."""
     try:
-        return knob_int(name, raw, lo, hi)
-    except ValueError as exc:
+        return VLLM_KNOBS[name].read(environ)
+    except KnobError as exc:
         raise PleSettingsError(str(exc)) from None
-
-
-def _flag(environ: Mapping[str, str], name: str) -> bool:
-    raw = environ.get(name)
-    if raw is None:
-        return False
-    if raw not in ("0", "1"):
-        raise PleSettingsError(f"{name}={raw!r} must be 0 or 1")
-    return raw == "1"
 
 
 def present(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -173,9 +154,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         raise PleSettingsError(f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(KNOWN)}")
     switch = env.get(CPU_OFFLOAD)
     others = [k for k in names if k != CPU_OFFLOAD]
-    if switch not in (None, "0", "1"):
-        raise PleSettingsError(f"{CPU_OFFLOAD}={switch!r} must be 0 or 1")
-    if switch != "1":
+    if not _read(env, CPU_OFFLOAD):
         if others:
             state = "unset" if switch is None else "0"
             raise PleSettingsError(f"{', '.join(others)} set while {CPU_OFFLOAD} is {state}; set "
@@ -188,6 +167,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
                                f"SGLang calls SGLANG_SSD_STREAM_IO=pread); set {BACKEND}={RENAMED_BACKENDS[backend]}")
     if backend not in BACKENDS:
         raise PleSettingsError(f"{BACKEND}={backend!r} is not a PLE backend; choose one of {', '.join(BACKENDS)}")
+    _read(env, BACKEND)  # the declaration agrees
     streaming = backend in STREAMING_BACKENDS
     if not streaming:
         extra = [k for k in STREAMING_ONLY if k in env]
@@ -198,18 +178,18 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
     if streaming and not sidecar:
         raise PleSettingsError(f"{BACKEND}={backend} needs {SIDECAR}=<path to ssd-stream.json or its directory>"
                                + (" (it is empty)" if sidecar == "" else ""))
-    row_cache_mb = _int(env, ROW_CACHE_MB, DEFAULT_ROW_CACHE_MB if streaming else 0, 0, MAX_ROW_CACHE_MB)
+    row_cache_mb = _read(env, ROW_CACHE_MB) if streaming else 0
     if row_cache_mb == 0 and PREFETCH_CHUNKS in env:
         raise PleSettingsError(f"{PREFETCH_CHUNKS} set while {ROW_CACHE_MB}=0: prompt-ahead prefetch reads rows into "
                                f"the row cache, which is off; unset {PREFETCH_CHUNKS}, or give the cache a budget")
     return PleSettings(
         backend=backend,
         sidecar=Path(sidecar) if sidecar else None,
-        fetch_workers=_int(env, FETCH_WORKERS, DEFAULT_FETCH_WORKERS, 1, MAX_FETCH_WORKERS),
-        rows_per_task=_int(env, ROWS_PER_TASK, DEFAULT_ROWS_PER_TASK, 1, MAX_ROWS_PER_TASK),
-        stats_interval=_int(env, STATS_INTERVAL, 0, 0, MAX_STATS_INTERVAL),
-        allow_unpatched=_flag(env, ALLOW_UNPATCHED),
-        no_verify=_flag(env, NO_VERIFY),
+        fetch_workers=_read(env, FETCH_WORKERS),
+        rows_per_task=_read(env, ROWS_PER_TASK),
+        stats_interval=_read(env, STATS_INTERVAL),
+        allow_unpatched=_read(env, ALLOW_UNPATCHED),
+        no_verify=_read(env, NO_VERIFY),
         row_cache_mb=row_cache_mb,
-        prefetch_chunks=_int(env, PREFETCH_CHUNKS, DEFAULT_PREFETCH_CHUNKS, 0, MAX_PREFETCH_CHUNKS),
+        prefetch_chunks=_read(env, PREFETCH_CHUNKS),
     )

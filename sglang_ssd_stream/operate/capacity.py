@@ -324,7 +324,7 @@ def row_cache_budget(knob: tuple[str, int] | None, profile_env, env, override_mb
         var, default, values = when
         if env.get(var, profile_env.get(var, default)) not in values:
             return None
-    from ..sidecar.row_cache import parse_budget_mb
+    from ..knobs import by_name
 
     var, default = knob
     if override_mb is not None:
@@ -336,7 +336,7 @@ def row_cache_budget(knob: tuple[str, int] | None, profile_env, env, override_mb
     else:
         raw, source = None, "the default"
     try:
-        mb = parse_budget_mb(var, raw, default)
+        mb = default if raw is None else by_name(var).parse(raw)
     except ValueError as exc:
         raise PlanRefused(str(exc)) from None
     return {"variable": var, "mib": mb, "gib": mb / 1024, "source": source}

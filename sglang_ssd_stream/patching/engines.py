@@ -15,15 +15,19 @@ class Engine:
     package: str  # the top-level import package inside site-packages
     pinned: str  # the release install.sh installs and CI proves
     tool: str  # the command line that patches it (named in messages that say what to run)
-    allow_unpatched_env: str  # =1 lets the plugin start on a pristine engine (a warning, never the default)
+
+    @property
+    def allow_unpatched_env(self) -> str:
+        """=1 lets the plugin start on a pristine engine (a warning, never the default); declared in knobs.py."""
+        from ..knobs import knob  # here, not at the top: `python engines.py` runs without the package
+
+        return knob(self.name, "ALLOW_UNPATCHED").name
 
 
 # The one place the pinned releases are written (install.sh and scripts/ ask this module).
 ENGINES = {
-    "sglang": Engine(name="sglang", distribution="sglang", package="sglang", pinned="0.5.23", tool="sglang-ssd-stream",
-                     allow_unpatched_env="SGLANG_SSD_STREAM_ALLOW_UNPATCHED"),
-    "vllm": Engine(name="vllm", distribution="vllm", package="vllm", pinned="0.33.0", tool="vllm-ple-offload",
-                   allow_unpatched_env="VLLM_PLE_ALLOW_UNPATCHED"),
+    "sglang": Engine(name="sglang", distribution="sglang", package="sglang", pinned="0.5.23", tool="sglang-ssd-stream"),
+    "vllm": Engine(name="vllm", distribution="vllm", package="vllm", pinned="0.33.0", tool="vllm-ple-offload"),
 }
 
 

@@ -52,10 +52,10 @@ from ..operate.host import (
     tegra_release,
     thread_findings,
 )
-from ..patching.guard import ALLOW_UNPATCHED_ENV as _ALLOW
 from ..patching.guard import Verdict, verdict
 from ..sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
 from ..staging.native_read import C_COMPILERS
+from . import settings
 
 GIB = 1 << 30
 
@@ -64,7 +64,7 @@ SM110_MAJOR = 11
 THOR_SWAP_MIN_BYTES = 15 * GIB  # write-up 000: "about 16 GB total swap" (JetPack's ~2 GB + a 14 GiB file)
 THOR_SWAPPINESS = 10
 CXX_COMPILERS = ("c++", "g++", "clang++")
-ALLOW_UNPATCHED_ENV = _ALLOW["sglang"]
+ALLOW_UNPATCHED_ENV = settings.ALLOW_UNPATCHED.name
 PLE_SKIP_DEVICE_CHECK_ENV = "SGLANG_QWEN4_PLE_FILE_SKIP_DEVICE_CHECK"  # sglang's escape hatch
 
 SWAP_FIX = ("add a 14 GiB swapfile (write-up 000): sudo fallocate -l 14G /swapfile.thor && sudo chmod 600 "
@@ -116,6 +116,7 @@ class Request:
     row_cache_error: str | None = None  # its variable holds a value the plugin refuses
     scheduler_processes: int = 1  # --tp-size x --pp-size x --dp-size: each holds its own row cache
     jetson_profile: str | None = None  # the launch's profile is written for a Jetson (JETSON_PROFILES)
+    knob_refusals: tuple[str, ...] = ()  # the kit's knob values the plugin would refuse (settings.refusals)
 
 
 @dataclass(frozen=True)
@@ -204,13 +205,10 @@ def _compiler(names: Iterable[str]) -> str | None:
 
 
 def _read_workers(env: Mapping[str, str]) -> int | None:
-    from .config import DEFAULT_WORKERS, MAX_WORKERS, WORKERS_ENV, parse_int
-
-    raw = env.get(WORKERS_ENV)
     try:
-        return DEFAULT_WORKERS if raw is None else parse_int(WORKERS_ENV, raw, 1, MAX_WORKERS)
+        return settings.READ_WORKERS.read(env)
     except ValueError:
-        return None  # the plugin refuses a bad value at start, naming it
+        return None  # check_knobs reports it; the plugin refuses it at start
 
 
 def disk_space(model: str | None, data_dir: str | os.PathLike | None, home: str | None,
@@ -273,6 +271,7 @@ def request_from_argv(argv: Iterable[str], env: Mapping[str, str] | None = None,
                    moe_runner_backend=known.moe_runner_backend, quantization=known.quantization,
                    mem_fraction_static=known.mem_fraction_static, memory_need_bytes=memory_need_bytes,
                    memory_plan_error=memory_plan_error, allow_unpatched=env.get(ALLOW_UNPATCHED_ENV) == "1",
+                   knob_refusals=tuple(settings.refusals(env)),
                    ple_skip_device_check=env.get(PLE_SKIP_DEVICE_CHECK_ENV, "").lower() in ("1", "true"),
                    scheduler_processes=max(1, known.tp_size) * max(1, known.pp_size) * max(1, known.dp_size))
 
@@ -457,11 +456,15 @@ def check_jetson_host(facts: Facts) -> Finding | None:
 
 
 def check_reader_threads(facts: Facts) -> list[Finding]:
-    from .config import WORKERS_ENV
-
     if facts.cpu is None or facts.read_workers is None:
         return []
-    return thread_findings({WORKERS_ENV: facts.read_workers}, facts.cpu)
+    return thread_findings({settings.READ_WORKERS.name: facts.read_workers}, facts.cpu)
+
+
+def check_knobs(facts: Facts) -> list[Finding]:
+    """Every knob value the plugin would refuse at start (it stops at the first; the doctor lists them all)."""
+    return [Finding(ERROR, "knobs", message, "fix or unset it (docs/configuration.md)")
+            for message in facts.request.knob_refusals if message != facts.request.row_cache_error]
 
 
 def check_disk_space(facts: Facts) -> list[Finding]:
@@ -490,6 +493,7 @@ def run_checks(facts: Facts) -> list[Finding]:
     for found in (check_l4t(facts), check_jetson_host(facts)):
         findings += [found] if found else []
     findings += check_reader_threads(facts)
+    findings += check_knobs(facts)
     findings += check_disk_space(facts)
     return findings
 
@@ -570,11 +574,10 @@ def _with_row_cache(request: Request, profile: str | None, env: Mapping[str, str
     from ..errors import KitError
     from ..operate.capacity import row_cache_budget
     from ..operate.profiles import get_profile
-    from .config import DEFAULT_ROW_CACHE_MB, ROW_CACHE_ENV
-
+    knob = settings.ROW_CACHE_MB
     profile_env = get_profile(profile, "sglang").env if profile else {}
     try:
-        return replace(request, row_cache=row_cache_budget((ROW_CACHE_ENV, DEFAULT_ROW_CACHE_MB), profile_env, env))
+        return replace(request, row_cache=row_cache_budget((knob.name, knob.default), profile_env, env))
     except KitError as exc:
         return replace(request, row_cache_error=exc.message)
 

@@ -41,12 +41,12 @@ def register() -> None:
     try:
         _guard_source_state()
         from . import hooks as ple_hooks
-        from . import knobs
+        from . import qsa_budget
 
-        knobs.apply_all()
-        if os.environ.get(knobs.QSA_BUDGET_ENV) is not None:  # read back from the engine module it set
-            module, _, attr = knobs.QSA_BUDGET_TARGET.rpartition(".")
-            _say(f"{knobs.QSA_BUDGET_ENV}: {knobs.QSA_BUDGET_TARGET} = {getattr(sys.modules[module], attr) >> 20} MiB")
+        if qsa_budget.apply_qsa_budget() is not None:  # read back from the engine module it set
+            module, _, attr = qsa_budget.QSA_BUDGET_TARGET.rpartition(".")
+            _say(f"{qsa_budget.QSA_BUDGET_ENV}: {qsa_budget.QSA_BUDGET_TARGET} = "
+                 f"{getattr(sys.modules[module], attr) >> 20} MiB")
         if ple_hooks.install_for_served_model():  # PLE sidecar hooks, armed for a qwen4_exp model only
             _say(f"PLE sidecar hooks armed: installed when {ple_hooks.RESOLVE} resolves a qwen4_exp model")
             cfg = ple_hooks.config
@@ -67,8 +67,9 @@ def _guard_source_state() -> None:
     """Refuse to run on an sglang whose patched files are in an unknown or half-patched state."""
     from ..findings import ERROR, refusal_text
     from ..patching.guard import verdict
+    from .settings import current
 
-    findings = verdict("sglang").findings(allow_unpatched=os.environ.get(ALLOW_UNPATCHED_ENV) == "1")
+    findings = verdict("sglang").findings(allow_unpatched=current().allow_unpatched)
     for f in findings:
         if f.level != ERROR:
             _say(f.line())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..operate.metrics import MetricNames
 from ..operate.side import EngineSide, console_script
-from .config import DEFAULT_ROW_CACHE_MB, DEFAULT_WORKERS, ROW_CACHE_ENV, WORKERS_ENV
+from .settings import READ_WORKERS, ROW_CACHE_MB
 
 
 def _preflight(**launch) -> list:
@@ -49,9 +49,9 @@ SIDE = EngineSide(
     draft_option=True,
     update_model=True,
     install_hint="./install.sh --engine sglang",
-    thread_knobs=((WORKERS_ENV, DEFAULT_WORKERS),),  # the PLE sidecar's reader pool (mmap and pread)
+    thread_knobs=((READ_WORKERS.name, READ_WORKERS.default),),  # the PLE sidecar's reader pool (mmap and pread)
     shown_env=("SGLANG_SSD_STREAM_", "SGLANG_PLUGINS", "SGLANG_QSA_", "SGLANG_EMPTY_CACHE_INTERVAL",
                "SGLANG_SANITIZE_NAN_LOGITS"),  # the kit's knobs and the variables the profiles set
     metrics=METRICS,
-    row_cache_knob=(ROW_CACHE_ENV, DEFAULT_ROW_CACHE_MB),  # PLE rows in registered host memory, all layers
+    row_cache_knob=(ROW_CACHE_MB.name, ROW_CACHE_MB.default),  # PLE rows in registered host memory, all layers
 )

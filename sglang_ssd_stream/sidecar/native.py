@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import EnvironmentProblem
-from ..paths import data_dir
+from ..paths import HOME_ENV, data_dir
 
 CFLAGS = ("-O2", "-std=c11", "-fPIC", "-shared", "-pthread")
 C_COMPILERS = ("cc", "gcc", "clang")
@@ -78,7 +78,7 @@ def build_library(source: Path, name: str, *, hint: str = "", what: str | None =
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NativeBuildError(f"cannot create {path.parent} for {what}: {exc.strerror or exc} "
-                               f"(set SGLANG_SSD_STREAM_HOME to a writable directory)") from exc
+                               f"(set {HOME_ENV} to a writable directory)") from exc
     with FileLock(str(path.parent / ".lock")):
         if path.is_file():
             return path  # another worker built it while we waited

@@ -34,26 +34,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..env_numbers import knob_int
+from ..knobs import PREFETCH_DEFAULT_CHUNKS as DEFAULT_WINDOW
+from ..knobs import PREFETCH_MAX_CHUNKS as MAX_WINDOW
 from .ngram import NGramHash
 
 log = logging.getLogger(__name__)
 
-SGLANG_WINDOW_ENV = "SGLANG_SSD_STREAM_PREFETCH_CHUNKS"
-VLLM_WINDOW_ENV = "VLLM_PLE_PREFETCH_CHUNKS"
-# chunks beyond the one being computed (H200: 1 hid cold chunks as well as 2 or better, benchmarks/row_cache/)
-DEFAULT_WINDOW = 1
-MAX_WINDOW = 64
 MAX_REQUESTS = 4096  # requests remembered; the oldest is forgotten (an engine that never calls finished())
-
-
-def parse_window(name: str, raw: str | None, default: int = DEFAULT_WINDOW) -> int:
-    """The prefetch window in chunks from variable ``name``: chunks fetched beyond the one being
-    scheduled (0: that chunk only; the row cache budget 0 turns caching and prefetch off)."""
-    if raw is None:
-        return default
-    return knob_int(name, raw, 0, MAX_WINDOW, unit=" chunks", what="an integer number of prefill chunks ahead "
-                    "(e.g. 2; 0: the scheduled chunk only)")
 
 
 @dataclass
@@ -220,5 +207,4 @@ class PromptPrefetcher:
         self._thread.join()
 
 
-__all__ = ["PromptPrefetcher", "PrefetchStats", "parse_window", "DEFAULT_WINDOW", "SGLANG_WINDOW_ENV",
-           "VLLM_WINDOW_ENV"]
+__all__ = ["PromptPrefetcher", "PrefetchStats", "DEFAULT_WINDOW", "MAX_WINDOW"]

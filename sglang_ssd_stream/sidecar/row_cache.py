@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..env_numbers import knob_int
 from .errors import (
     SidecarChanged,
     SidecarIOError,
@@ -73,21 +72,8 @@ STAT_NAMES = ("calls", "lookups", "hits", "waits", "miss_lookups", "rows_read", 
               "inserts", "evictions", "bypass", "out_of_rank", "prefetch_calls", "prefetch_rows", "prefetch_hits",
               "prefetch_evicted_unused", "ghost_hits", "parallel_passes")
 
-# The budget knob, in each engine's naming: MiB for all PLE layers of a process together (rows +
-# metadata + read buffers); 0 turns the cache off. Launch profiles set it (operate/profiles.py);
-# unset, a process gets DEFAULT_BUDGET_MB.
-SGLANG_BUDGET_ENV = "SGLANG_SSD_STREAM_ROW_CACHE_MB"
-VLLM_BUDGET_ENV = "VLLM_PLE_ROW_CACHE_MB"
-DEFAULT_BUDGET_MB = 1024
-MAX_BUDGET_MB = 1 << 20  # 1 TiB: anything larger is a typo
-
-
-def parse_budget_mb(name: str, raw: str | None, default_mb: int = DEFAULT_BUDGET_MB) -> int:
-    """The cache budget in MiB from variable ``name`` (``raw`` its value; None: ``default_mb``)."""
-    if raw is None:
-        return int(default_mb)
-    return knob_int(name, raw, 0, MAX_BUDGET_MB, unit=" MiB",
-                    what="an integer number of MiB (e.g. 1024; 0 turns the row cache off)")
+# The budget (MiB for all PLE layers of a process together: rows + metadata + read buffers; 0: off) is each
+# engine's knob, declared in sglang_ssd_stream/knobs.py; this floor is handed bytes.
 
 
 # ----------------------------------------------------------------------------- the library
@@ -548,5 +534,4 @@ def _release_sim(lib, handle) -> None:
 
 
 __all__ = ["RowCache", "HostRead", "captured_read", "CacheSimulator", "capacity_for_budget", "metadata_bytes",
-           "fixed_bytes", "parse_budget_mb", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES", "SGLANG_BUDGET_ENV",
-           "VLLM_BUDGET_ENV", "DEFAULT_BUDGET_MB"]
+           "fixed_bytes", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES"]

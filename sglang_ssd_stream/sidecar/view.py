@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 MARKER_NAME = ".ssd-stream-view.json"
 MARKER_FORMAT = "sglang-ssd-stream-view"
-TRUSTED_ROOTS_ENV = "SGLANG_SSD_STREAM_TRUSTED_ROOTS"  # os.pathsep-separated extra roots
 
 
 class ForeignView(SidecarManifestError):
@@ -63,16 +62,10 @@ def view_trusted_roots(view: str | os.PathLike) -> list[str]:
     return [str(real)] + ([os.path.realpath(blobs)] if blobs is not None else [])
 
 
-def env_trusted_roots(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Roots the operator names in ``SGLANG_SSD_STREAM_TRUSTED_ROOTS``, with their HF blobs."""
-    env = os.environ if environ is None else environ
-    roots = [r for r in env.get(TRUSTED_ROOTS_ENV, "").split(os.pathsep) if r]
+def extra_trusted_roots(roots: Iterable[str | os.PathLike]) -> list[str]:
+    """Roots the operator names (a knob, ``--trusted-root``), with their HF blobs."""
+    roots = [str(r) for r in roots if str(r)]
     return roots + [str(b) for b in [hf_blobs_root(Path(r)) for r in roots] if b is not None]
-
-
-def trusted_roots(artifact_dir: str | os.PathLike, environ: Mapping[str, str] | None = None) -> list[str]:
-    """Roots a sidecar in ``artifact_dir`` may resolve into: the view's prepared snapshot and the variable's."""
-    return view_trusted_roots(artifact_dir) + env_trusted_roots(environ)
 
 
 def load_sidecar(path: str | os.PathLike, *, extra_roots: Iterable[str | os.PathLike] = (),

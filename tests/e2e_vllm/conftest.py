@@ -17,6 +17,8 @@ refusals that end in seconds (the plugin refuses before vLLM builds the model). 
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 import signal
@@ -109,8 +111,10 @@ class Stage:
         self.timings: dict[str, float] = {}
         self.scenarios: list[Scenario] = []
 
-    def _server(self, name: str, model: Path, env: dict) -> VllmServer:
-        return VllmServer(self.python, model, self.root / name / "home", env=dict(env), name=name)
+    def _server(self, name: str, model: Path, env: dict, python: str | None = None,
+                args: tuple[str, ...] = ()) -> VllmServer:
+        return VllmServer(python or self.python, model, self.root / name / "home", env=dict(env), name=name,
+                          args=list(args))
 
     def _record(self, sc: Scenario, server: VllmServer, t0: float) -> None:
         server.stop()
@@ -120,9 +124,11 @@ class Stage:
         self.timings[sc.name] = sc.seconds
         self.scenarios.append(sc)
 
-    def serve(self, name: str, model: Path, exercise, env: dict) -> Scenario:
+    def serve(self, name: str, model: Path, exercise, env: dict, *, python: str | None = None,
+              args: tuple[str, ...] = ()) -> Scenario:
+        """``python``: another venv's interpreter (a private copy); ``args``: more server flags (the last wins)."""
         sc = Scenario(name, env)
-        server = self._server(name, model, env)
+        server = self._server(name, model, env, python, args)
         t0 = time.monotonic()
         try:
             server.start()
@@ -138,10 +144,11 @@ class Stage:
             self._record(sc, server, t0)
         return sc
 
-    def refuse(self, name: str, model: Path, env: dict, timeout: float = REFUSE_TIMEOUT) -> Scenario:
+    def refuse(self, name: str, model: Path, env: dict, timeout: float = REFUSE_TIMEOUT, *,
+               python: str | None = None) -> Scenario:
         """A server that must stop before serving: its exit code and log."""
         sc = Scenario(name, env)
-        server = self._server(name, model, env)
+        server = self._server(name, model, env, python)
         t0 = time.monotonic()
         try:
             server.start()
@@ -315,3 +322,146 @@ def damaged_sidecar(request, stage, qwen4_model, sidecar, root) -> tuple[str, Pa
     env = streamed("mmap", damaged)
     assert "VLLM_PLE_NO_VERIFY" not in env
     return how, damaged, stage.refuse(f"sidecar-{how}", qwen4_model, env=env)
+
+
+# ----------------------------------------------------------------------------- private copies of the venv (2)
+
+PATCH_TARGET = "vllm/models/qwen4_exp/nvidia/ops/qsa.py"  # the one file vllm 0.33.0's patch series touches
+
+
+def site_packages(venv_python: str) -> Path:
+    (sp,) = Path(venv_python).parent.parent.glob("lib/python*/site-packages")
+    return sp
+
+
+def private_venv(engine: EngineVenv, dest: Path) -> tuple[EngineVenv, float]:
+    """A private copy of the shared venv made of hard links (``cp -al``, as ``tests/vllm``'s ``vllm_private``):
+    no file is copied, so it takes about a second. The kit's patcher and :func:`replace_file` write by rename,
+    so the shared venv's files (the same inodes) are never written. Returns the copy and the seconds it took."""
+    t0 = time.monotonic()
+    subprocess.run(["cp", "-al", str(Path(engine.python).parent.parent), str(dest)], check=True)
+    return EngineVenv("vllm", str(dest / "bin" / "python")), time.monotonic() - t0
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` as a new file renamed over ``path`` (never into the hard-linked inode)."""
+    tmp = path.with_name(path.name + ".e2e-new")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def target_status(venv: EngineVenv) -> dict:
+    """The kit's ``patch status --json`` entry of :data:`PATCH_TARGET` in ``venv`` (read only)."""
+    (entry,) = [f for f in venv.status()["files"] if f["path"] == PATCH_TARGET]
+    return entry
+
+
+@pytest.fixture(scope="session")
+def unknown_source(stage, engine, qwen4_model, sidecar, root) -> Scenario:
+    """(b)'s configuration, escape hatch included (``VLLM_PLE_ALLOW_UNPATCHED=1``), on a private copy of the venv
+    whose patch target has one line appended after install: a source state the kit knows no hash for."""
+    dest = root / "venv-unknown"
+    venv, copy_s = private_venv(engine, dest)
+    target = site_packages(venv.python) / PATCH_TARGET
+    replace_file(target, target.read_bytes() + b"\n# edited after install: a state the kit has no hash for\n")
+    try:
+        status = target_status(venv)
+        sc = stage.refuse("unknown-source", qwen4_model, env=streamed("mmap", sidecar), python=venv.python,
+                          timeout=120)
+        sc.results = {"copy_seconds": copy_s, "status": status, "python": venv.python,
+                      "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+        yield sc
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- the patched, chunked server (2, 4, 5)
+
+CHUNK = 16  # --max-num-batched-tokens of the patched-chunked server: every prompt below is prefilled in chunks
+CONTEXT = 128  # its --max-model-len: validate's over-long prompt (x1.075) is refused at once, no compute spent
+ROW_CACHE_MB = 64  # its VLLM_PLE_ROW_CACHE_MB: the budget the worker's RSS is held to
+ABORTED = (token_ids(112, 11), 4)  # 7 chunks; the client goes away after ABORT_AFTER_S
+ABORT_AFTER_S = 6.0  # a chunk is ~2-5 s here (16 tokens through the Triton interpreter), so it is mid-prefill
+CONCURRENT = {"b": (token_ids(40, 12), 2), "c": (token_ids(48, 13), 2), "d": (token_ids(56, 14), 2)}
+WATCH_INTERVAL_S, WATCH_SAMPLES = 5.0, 12  # about a minute
+VALIDATE_SUITES = "needle,truncation,soak,canary"
+VALIDATE_ARGS = ("--suite", VALIDATE_SUITES, "--lengths", "16", "--answer-tokens", "4", "--truncation-max-tokens",
+                 "4", "--cycles", "1", "--soak-tokens", "16", "--continue-tokens", "2", "--compact-tokens", "2",
+                 "--canary-tokens", "8", "--kv-wait", "20", "--timeout", "300")
+ACTIVITY = "PLE prompt-ahead prefetch: "  # the worker's prefetch lines (vllm_ple_offload/prompt_prefetch.py)
+ACTIVITY_LINE = re.compile(r"PLE prompt-ahead prefetch: \d+ chunk\(s\) fetched")
+UNFINISHED_LINE = re.compile(r"PLE prompt-ahead prefetch: request \S+ left \(\w[\w-]*\) with its prefill unfinished")
+
+
+@pytest.fixture(scope="session")
+def patched_venv(engine, root):
+    """A private copy of the venv, patched with the kit's own CLI (``vllm-ple-offload patch apply``, then
+    ``verify``): the engine as a user who ran the README's install has it."""
+    dest = root / "venv-patched"
+    venv, copy_s = private_venv(engine, dest)
+    t0 = time.monotonic()
+    venv.ensure_patched()
+    patch_s = time.monotonic() - t0
+    try:
+        yield venv, {"copy_seconds": copy_s, "patch_seconds": patch_s, "states": venv.states(),
+                     "target": target_status(venv)}
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+def _activity_after(server: VllmServer, mark: str) -> bool:
+    """Whether the worker wrote an activity line after the line holding ``mark``."""
+    lines = server.log().splitlines()
+    at = next((i for i, line in enumerate(lines) if mark in line), None)
+    return at is not None and any(ACTIVITY_LINE.search(line) for line in lines[at + 1:])
+
+
+def chunked_traffic(server: VllmServer, engine: EngineVenv, sidecar: Path, out: Path) -> dict:
+    """Items 4 and 5 against one server, with the worker's RSS sampled and ``watch`` running throughout:
+    the aborted prompt first (alone it takes every chunk of a step), three long prompts right behind it, then
+    ``validate``; finally, if the activity line has not come again since the abort (it comes at most once a
+    minute), short requests until it does (bounded)."""
+    from . import traffic
+
+    res: dict = {"worker": traffic.worker_pid(server)}
+    rss = traffic.RssSampler(res["worker"])
+    rss.start()
+    env = engine.env()
+    watch, watch_t0 = traffic.start_watch(engine.python, env, server.url, sidecar, out / "watch", WATCH_INTERVAL_S,
+                                          WATCH_SAMPLES)
+    t0 = time.monotonic()
+    try:
+        with traffic.abort_mid_prefill(server, *ABORTED, after=ABORT_AFTER_S) as aborted:
+            time.sleep(0.5)  # the aborted one arrives first
+            sent = traffic.together(server, CONCURRENT)
+        res["aborted"] = aborted.result
+        res["concurrent"] = traffic.join(sent)
+        res["phase_seconds"] = time.monotonic() - t0
+        res["validate"] = traffic.run_validate(engine.python, env, server.url, out / "validate-report",
+                                               *VALIDATE_ARGS)
+        deadline, nudges = time.monotonic() + 90, []
+        while not _activity_after(server, "with its prefill unfinished") and time.monotonic() < deadline:
+            nudges.append(traffic.completion(server, token_ids(8, 15), 1))
+            time.sleep(5)
+        res["nudges"] = nudges
+    finally:
+        res["watch"] = traffic.finish_watch(watch, out / "watch", watch_t0, timeout=WATCH_INTERVAL_S *
+                                            WATCH_SAMPLES + 60)
+        res["rss"] = rss.stop()
+        res["seconds"] = time.monotonic() - t0
+    return res
+
+
+@pytest.fixture(scope="session")
+def patched_chunked(stage, engine, patched_venv, qwen4_model, sidecar, root) -> Scenario:
+    """(b)'s streamed configuration (``mmap``, row cache of :data:`ROW_CACHE_MB`, prompt-ahead prefetch) on the
+    patched private copy, **without** ``VLLM_PLE_ALLOW_UNPATCHED``, prefilling in chunks of :data:`CHUNK` tokens;
+    it serves items 4 (concurrent chunked prefills, one aborted) and 5 (``validate``, ``watch``)."""
+    venv, facts = patched_venv
+    env = {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM_PLE_SIDECAR": str(sidecar),
+           "VLLM_PLE_ROW_CACHE_MB": str(ROW_CACHE_MB)}
+    sc = stage.serve("patched-chunked", qwen4_model, lambda s: chunked_traffic(s, engine, sidecar, root / "tools"),
+                     env=env, python=venv.python,
+                     args=("--max-num-batched-tokens", str(CHUNK), "--max-model-len", str(CONTEXT)))
+    sc.results["venv"] = facts
+    return sc

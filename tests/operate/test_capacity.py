@@ -368,13 +368,14 @@ def test_plan_states_the_ple_row_cache_budget(tmp_path, capsys, monkeypatch):
 def test_row_cache_budget_sources():
     from sglang_ssd_stream.operate.capacity import row_cache_budget
 
-    knob = ("K_MB", 1024)
+    K = "SGLANG_SSD_STREAM_ROW_CACHE_MB"
+    knob = (K, 1024)
     assert row_cache_budget(None, {}, {}) is None  # an engine without a row cache
     assert row_cache_budget(knob, {}, {})["mib"] == 1024 and row_cache_budget(knob, {}, {})["source"] == "the default"
-    assert row_cache_budget(knob, {}, {"K_MB": "12"}) == {"variable": "K_MB", "mib": 12, "gib": 12 / 1024,
-                                                          "source": "exported"}
-    assert row_cache_budget(knob, {"K_MB": "5"}, {"K_MB": "12"})["mib"] == 12  # exported wins, as in a launch
-    assert row_cache_budget(knob, {"K_MB": "5"}, {})["mib"] == 5
-    assert row_cache_budget(knob, {"K_MB": "5"}, {}, override_mb=0)["mib"] == 0
-    with pytest.raises(PlanRefused, match="K_MB='x' is not an integer number of MiB"):
-        row_cache_budget(knob, {}, {"K_MB": "x"})
+    assert row_cache_budget(knob, {}, {K: "12"}) == {"variable": K, "mib": 12, "gib": 12 / 1024,
+                                                "source": "exported"}
+    assert row_cache_budget(knob, {K: "5"}, {K: "12"})["mib"] == 12  # exported wins, as in a launch
+    assert row_cache_budget(knob, {K: "5"}, {})["mib"] == 5
+    assert row_cache_budget(knob, {K: "5"}, {}, override_mb=0)["mib"] == 0
+    with pytest.raises(PlanRefused, match=f"{K}='x' is not an integer number of MiB"):
+        row_cache_budget(knob, {}, {K: "x"})

@@ -23,7 +23,7 @@ EXPECTED = {
     ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_IO-aio-"
      "SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread]"),
     ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_PLE_GATHER-zero-copy-"
-     "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d]"),
+     "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected one of h2d, uva]"),
     ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-0-"
      "SGLANG_SSD_STREAM_READ_WORKERS=0 is out of range 1..256]"),
     ("test_bad_knob_values_stop_the_plugin_at_start[SGLANG_SSD_STREAM_READ_WORKERS-100000-"

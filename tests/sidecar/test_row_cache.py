@@ -39,7 +39,6 @@ from sglang_ssd_stream.sidecar.row_cache import (
     fixed_bytes,
     load,
     metadata_bytes,
-    parse_budget_mb,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -474,14 +473,15 @@ def test_for_budget_sizes_and_allocates_through_the_caller(table):
 
 
 @pytest.mark.parametrize("raw,msg", [("1.5", "not an integer"), ("-1", "out of range"), ("2000000", "out of range"),
-                                     ("lots", "not an integer")])
+                                     ("lots", "not an integer"), (" 0 ", "not an integer")])
 def test_budget_knob_refuses_bad_values(raw, msg):
-    with pytest.raises(ValueError, match=msg):
-        parse_budget_mb("SGLANG_SSD_STREAM_ROW_CACHE_MB", raw, 1024)
-    assert parse_budget_mb("X", None, 512) == 512 and parse_budget_mb("X", "0", 512) == 0
-    with pytest.raises(ValueError, match="not an integer"):  # one rule for every knob: ASCII digits only
-        parse_budget_mb("X", " 0 ", 512)
-    assert parse_budget_mb("X", None) == 1024  # unset, no profile: DEFAULT_BUDGET_MB
+    from sglang_ssd_stream.knobs import knob
+
+    for engine in ("sglang", "vllm"):
+        k = knob(engine, "ROW_CACHE_MB")
+        with pytest.raises(ValueError, match=f"{k.name}.*{msg}"):
+            k.parse(raw)
+        assert k.parse(None) == 1024 and k.parse("0") == 0  # unset: the default; 0: off
 
 
 # ----------------------------------------------------------------------------- as a host node

@@ -11,7 +11,7 @@ import pytest
 from sglang_ssd_stream.sidecar import SidecarReader
 from sglang_ssd_stream.sidecar.format import SidecarTable
 from sglang_ssd_stream.sidecar.ngram import NGramHash
-from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher, parse_window
+from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher
 from sglang_ssd_stream.sidecar.row_cache import RowCache
 
 EOS = 7
@@ -192,12 +192,17 @@ def test_a_failing_prefetch_is_recorded_and_later_chunks_still_go():
 
 
 def test_window_knob():
-    assert parse_window("X", None) == 1 and parse_window("X", "0") == 0
+    from sglang_ssd_stream.knobs import knob
+
+    k = knob("sglang", "PREFETCH_CHUNKS")
+    assert k.parse(None) == 1 and k.parse("0") == 0
     with pytest.raises(ValueError, match="not an integer"):  # one rule for every knob: ASCII digits only
-        parse_window("X", " 0 ")
+        k.parse(" 0 ")
     for raw, msg in (("two", "not an integer"), ("-1", "out of range"), ("65", "out of range")):
         with pytest.raises(ValueError, match=msg):
-            parse_window("SGLANG_SSD_STREAM_PREFETCH_CHUNKS", raw)
+            k.parse(raw)
+    with pytest.raises(ValueError, match="window"):  # the prefetcher's own bound is the knob's
+        PromptPrefetcher([(None, None)], chunk_tokens=CHUNK, window=k.hi + 1)
     with pytest.raises(ValueError, match="at least one PLE layer"):
         PromptPrefetcher([], chunk_tokens=CHUNK)
 

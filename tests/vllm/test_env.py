@@ -217,12 +217,11 @@ def test_prefetch_without_a_cache_is_refused():
         env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_PREFETCH_CHUNKS": "2"})
 
 
-def test_the_knobs_are_the_engine_neutral_ones():
-    """env.py stays stdlib-only, so it spells the shared knobs' names and limits: they must be the shared ones."""
-    from sglang_ssd_stream.sidecar import prefetch, row_cache
+def test_the_shared_knobs_are_declared_once_for_both_engines():
+    """The row cache and prefetch knobs of both engines come from one declaration: same default and bounds."""
+    from sglang_ssd_stream.knobs import knob
 
-    assert (env.ROW_CACHE_MB, env.DEFAULT_ROW_CACHE_MB, env.MAX_ROW_CACHE_MB) == (
-        row_cache.VLLM_BUDGET_ENV, row_cache.DEFAULT_BUDGET_MB, row_cache.MAX_BUDGET_MB)
-    assert (env.PREFETCH_CHUNKS, env.DEFAULT_PREFETCH_CHUNKS, env.MAX_PREFETCH_CHUNKS) == (
-        prefetch.VLLM_WINDOW_ENV, prefetch.DEFAULT_WINDOW, prefetch.MAX_WINDOW)
+    for suffix in ("ROW_CACHE_MB", "PREFETCH_CHUNKS"):
+        s, v = knob("sglang", suffix), knob("vllm", suffix)
+        assert (s.default, s.lo, s.hi, s.unit) == (v.default, v.lo, v.hi, v.unit) and v.name == "VLLM_PLE_" + suffix
     assert {env.ROW_CACHE_MB, env.PREFETCH_CHUNKS} <= set(env.KNOWN) & set(env.STREAMING_ONLY)

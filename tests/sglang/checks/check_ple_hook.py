@@ -343,7 +343,7 @@ def test_read_error_after_bind_fails_closed(env, tmp_path, monkeypatch, io, erro
 
 @pytest.mark.parametrize("name,value,message", [
     ("SGLANG_SSD_STREAM_IO", "aio", "SGLANG_SSD_STREAM_IO='aio': expected one of mmap, pread"),
-    ("SGLANG_SSD_STREAM_PLE_GATHER", "zero-copy", "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected uva or h2d"),
+    ("SGLANG_SSD_STREAM_PLE_GATHER", "zero-copy", "SGLANG_SSD_STREAM_PLE_GATHER='zero-copy': expected one of h2d, uva"),
     ("SGLANG_SSD_STREAM_READ_WORKERS", "0", "SGLANG_SSD_STREAM_READ_WORKERS=0 is out of range 1..256"),
     ("SGLANG_SSD_STREAM_READ_WORKERS", "100000", "SGLANG_SSD_STREAM_READ_WORKERS=100000 is out of range 1..256"),
     ("SGLANG_SSD_STREAM_PLE_MAX_TOKENS", str(10**30), "SGLANG_SSD_STREAM_PLE_MAX_TOKENS=" + str(10**30)

@@ -169,7 +169,7 @@ def refusals(tmp_path_factory):
 def test_bad_values_stop_the_process(refusals, index, raw):
     proc, result = refusals[f"bad{index}"]
     assert proc.returncode != 0 and result is None, proc.stdout
-    assert f"sglang-ssd-stream plugin: ValueError: {BUDGET_ENV}" in proc.stderr, proc.stderr
+    assert f"sglang-ssd-stream plugin: KnobError: {BUDGET_ENV}" in proc.stderr, proc.stderr
     assert BAD_VALUES[raw] in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, "expected a clean SystemExit, not a crash"
 

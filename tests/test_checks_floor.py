@@ -65,3 +65,54 @@ def test_the_sglang_doctor_counts_every_scheduler_process():
 def test_this_hosts_locked_memory_is_read():
     locked = locked_memory({"CapEff": "0000000000004000"})  # bit 14: CAP_IPC_LOCK
     assert locked.cap_ipc_lock and dataclasses.replace(locked_memory({}), cap_ipc_lock=False).cap_ipc_lock is False
+
+
+# ----------------------------------------------------------------------------- the sidecar, judged once
+
+
+def _neutral(findings):
+    return [(f.level, f.check, f.message.replace("SGLANG_SSD_STREAM_NO_VERIFY", "K").replace("VLLM_PLE_NO_VERIFY", "K"))
+            for f in findings]
+
+
+def _both_doctors(artifact, no_verify=False):
+    from sglang_ssd_stream.checks import sidecar as floor
+
+    floor.forget()  # each doctor as in its own process
+    knob = {"SGLANG_SSD_STREAM_SIDECAR": str(artifact)}
+    if no_verify:
+        knob["SGLANG_SSD_STREAM_NO_VERIFY"] = "1"
+    s = sg.check_sidecar(None, knob, verify_sha=True)
+    floor.forget()
+    settings = vllm_env.read_settings({vllm_env.CPU_OFFLOAD: "1", vllm_env.BACKEND: vllm_env.MMAP,
+                                       vllm_env.SIDECAR: str(artifact), **({vllm_env.NO_VERIFY: "1"} if no_verify
+                                                                          else {})})
+    v = vl.check_sidecar(settings, None)
+    if not no_verify and v[0].level != ERROR:
+        v.append(vl.verify_sidecar_once(settings))
+    return s, v
+
+
+def _damage(artifact, how):
+    table = next((artifact / "ple").glob("layer-*.bin"))
+    data = bytearray(table.read_bytes())
+    if how == "flipped":
+        data[len(data) // 2] ^= 0x10
+    else:
+        data = data[:-4096]
+    table.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how, levels", [(None, [OK, OK]), ("flipped", [OK, ERROR]), ("truncated", [ERROR]),
+                                         ("no-verify", [OK, WARNING])])
+def test_both_doctors_judge_the_same_sidecar_the_same(tmp_path, how, levels):
+    from sglang_ssd_stream.sidecar.build import build_sidecar
+    from tests.sidecar.conftest import make_checkpoint
+
+    ck = make_checkpoint(tmp_path / "ckpt", {2: ("float8_e4m3fn", 5003, 160)}, parts=8, files=2, seed=2)
+    build_sidecar(ck.path, tmp_path / "artifact", progress=False)
+    if how in ("flipped", "truncated"):
+        _damage(tmp_path / "artifact", how)
+    s, v = _both_doctors(tmp_path / "artifact", no_verify=how == "no-verify")
+    assert [f.level for f in s] == levels, s
+    assert _neutral(s) == _neutral(v), (s, v)

@@ -32,7 +32,7 @@ kit's (:mod:`sglang_ssd_stream.findings`).
   :data:`~.env.FULL_GRAPH_BACKENDS` (``pread``) refuse FULL CUDA graphs (:func:`full_graph_refusal`,
   the rule the embedding applies at model build); the mode is read from the launch flags with vLLM's
   own parser.
-- Host (shared with SGLang, ``operate/host.py``): the streamed backends' fetch pool against the CPU
+- Host (shared with SGLang, ``checks/host.py``): the streamed backends' fetch pool against the CPU
   affinity and cgroup quota (write-up 004 lost 2,242 s to throttling with 76 threads under a 16-CPU
   quota), and on a Jetson the L4T release against the one write-up 003 ran.
 - ``VLLM_PLUGINS``: an allowlist that leaves out ``ple_offload`` while ``VLLM_PLE_*`` is set means
@@ -50,19 +50,18 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from sglang_ssd_stream.checks.host import cpu_budget, tegra_finding, tegra_release, thread_findings
 from sglang_ssd_stream.checks.memory import CAP_IPC_LOCK, LockedMemory, check_row_cache_memory
 from sglang_ssd_stream.checks.memory import check_memlock as _check_memlock
 from sglang_ssd_stream.checks.memory import has_cap as _has_cap
 from sglang_ssd_stream.checks.memory import status_fields as _status_fields
 from sglang_ssd_stream.errors import EnvironmentProblem, KitError
 from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding
-from sglang_ssd_stream.operate.host import cpu_budget, tegra_finding, tegra_release, thread_findings
 
 from . import env
 from .errors import PleSettingsError
 from .runtime_checks import (  # noqa: F401 - the doctor's API too
     FULL_GRAPH_MESSAGE,
-    _verified,
     full_graph_refusal,
     load_sidecar,
     raise_on_errors,
@@ -100,8 +99,8 @@ class Facts:
     disks: tuple[DiskFacts, ...] = ()
     row_bytes: dict = field(default_factory=dict)  # sidecar layer -> bytes per row
     sidecar_error: str | None = None  # the sidecar's manifest or a table did not load
-    cpu: object = None  # operate.host.CpuBudget: affinity and cgroup quota (sizes the fetch pool)
-    tegra: object = None  # operate.host.TegraRelease on a Jetson, else None
+    cpu: object = None  # checks.host.CpuBudget: affinity and cgroup quota (sizes the fetch pool)
+    tegra: object = None  # checks.host.TegraRelease on a Jetson, else None
     mem_available_bytes: int | None = None  # /proc/meminfo MemAvailable; None: unknown
     worker_processes: int = 1  # vLLM worker processes on this host (TP x PP x local DP of the serve flags)
 
@@ -150,7 +149,7 @@ def _sidecar_facts(settings: env.PleSettings | None) -> dict:
 
 
 def _mem_available(path: str = "/proc/meminfo") -> int | None:
-    from sglang_ssd_stream.operate.host import meminfo
+    from sglang_ssd_stream.checks.host import meminfo
 
     return meminfo(path).get("MemAvailable")
 
@@ -195,13 +194,20 @@ def check_sidecar(settings: env.PleSettings, facts: Facts) -> list[Finding]:
     """The sidecar loads with full-size tables; the SHA-256 opt-out is said out loud."""
     if not settings.streaming:
         return []
-    if facts.sidecar_error:
-        return [Finding(ERROR, "sidecar", facts.sidecar_error, SIDECAR_FIX)]
-    out = [Finding(OK, "sidecar", f"{settings.sidecar}: {len(facts.row_bytes)} table(s), sizes as the manifest says")]
+    from sglang_ssd_stream.checks.sidecar import load_finding
+
+    if facts is None:  # not gathered: the floor loads it (sizes checked), as SGLang's doctor does
+        loaded, _ = load_finding(settings.sidecar)
+    elif facts.sidecar_error:
+        loaded = Finding(ERROR, "sidecar", facts.sidecar_error)
+    else:
+        loaded = Finding(OK, "sidecar", f"{settings.sidecar}: {len(facts.row_bytes)} table(s), sizes as the manifest "
+                         f"says")  # the floor's words (checks/sidecar.py load_finding)
+    if loaded.level == ERROR:
+        return [replace(loaded, fix=SIDECAR_FIX)]
+    out = [loaded]
     if settings.no_verify:
-        out.append(Finding(WARNING, "sidecar_sha", f"{env.NO_VERIFY}=1: the tables' SHA-256 is not checked, so a "
-                           f"corrupted row would be served", f"unset {env.NO_VERIFY} (the check runs once; its "
-                           f"result is cached until a table changes)"))
+        out.append(verify_sidecar_once(settings))  # the warning, without hashing
     return out
 
 

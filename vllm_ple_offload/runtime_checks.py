@@ -7,11 +7,9 @@ rules before a launch.
 from __future__ import annotations
 
 import os
-import threading
 
 from sglang_ssd_stream.checks.memory import check_memlock, locked_memory
-from sglang_ssd_stream.errors import KitError
-from sglang_ssd_stream.findings import ERROR, OK, WARNING, Finding, refusal_text
+from sglang_ssd_stream.findings import WARNING, Finding, refusal_text
 
 from . import env
 from .errors import PreflightFailed
@@ -57,36 +55,14 @@ def full_graph_refusal(settings: env.PleSettings, mode) -> str | None:
 # ----------------------------------------------------------------------------- sidecar SHA-256
 
 
-_verified_lock = threading.Lock()
-_verified: dict[str, Finding] = {}
-
-
 def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> Finding:
-    """The sidecar tables' SHA-256, checked once per process (the shared verifier and its verified
-    cache: a later start that finds every table unchanged since a success re-reads nothing).
+    """The sidecar tables' SHA-256, checked once per process by the floor both engines share
+    (:func:`sglang_ssd_stream.checks.sidecar.sha_finding`; a later start that finds every table unchanged
+    since a success re-reads nothing). ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this
+    where the model is built, before the streamed embedding is swapped in, and refuses on an error finding."""
+    from sglang_ssd_stream.checks.sidecar import sha_finding
 
-    ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this where the model is built,
-    before the streamed embedding is swapped in, and refuses on an error finding."""
-    from sglang_ssd_stream.sidecar.verify import verify_sidecar
-
-    if settings.no_verify:
-        return Finding(WARNING, "sidecar_sha", f"not checked: {env.NO_VERIFY}=1", f"unset {env.NO_VERIFY}")
-    key = os.path.realpath(settings.sidecar)
-    with _verified_lock:
-        if key in _verified:
-            return _verified[key]
-        try:
-            report = verify_sidecar(load_sidecar(settings.sidecar), progress=progress)
-        except KitError as exc:
-            found = Finding(ERROR, "sidecar_sha", exc.message,
-                            "rebuild or re-copy the sidecar (sglang-ssd-stream sidecar build / sidecar verify); "
-                            f"never serve it with {env.NO_VERIFY}=1")
-        else:
-            cached = sum(t.status == "cached" for t in report.tables)
-            found = Finding(OK, "sidecar_sha", f"{len(report.tables)} table(s) match the manifest's SHA-256 "
-                            f"({cached} from the verified cache {report.cache_file})")
-        _verified[key] = found
-        return found
+    return sha_finding(settings.sidecar, knob=env.NO_VERIFY, no_verify=settings.no_verify, progress=progress)
 
 
 def require_verified_sidecar(settings: env.PleSettings) -> None:

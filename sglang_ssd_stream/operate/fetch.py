@@ -327,7 +327,7 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
 
     missing = sum(sum(f.size for f in files) - cached_bytes(cache_dir, repo, files)
                   for _, repo, _, _, _, files in plan)
-    from .host import free_bytes
+    from ..checks.host import free_bytes
     from .update import made_for
 
     fetched = {}

@@ -153,7 +153,7 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
     env.update(profile_env)
     sized = {}
     if cpu is not None and side.thread_knobs:
-        from .host import size_threads
+        from ..checks.host import size_threads
 
         sized, sized_notes = size_threads(env, dict(side.thread_knobs), cpu, explicit)
         notes += [f"sized {note}" for note in sized_notes]

@@ -57,7 +57,7 @@ def _resolve_model(args) -> tuple[str, str | None]:
 
 
 def cmd_serve(args, exec_fn=None) -> int:
-    from .host import cpu_budget
+    from ..checks.host import cpu_budget
     from .launch import build_launch
     from .preflight import preflight
 

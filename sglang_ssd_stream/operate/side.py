@@ -30,7 +30,7 @@ class EngineSide:
     draft_option: bool = False  # serve/service take --draft (a separate MTP directory)
     update_model: bool = False  # the prepared-snapshot updater (write-up 000) applies
     install_hint: str = ""  # how to get the engine into the runtime when it is missing
-    # Reader-thread variables serve sizes to the CPU budget (operate/host.py): (variable, the engine's default
+    # Reader-thread variables serve sizes to the CPU budget (checks/host.py): (variable, the engine's default
     # when unset, or None when the knob only applies where the launch sets it).
     thread_knobs: tuple[tuple[str, int | None], ...] = ()
     metrics: MetricNames | None = None  # what `watch` reads from the engine's /metrics (operate/metrics.py)

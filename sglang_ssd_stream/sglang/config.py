@@ -9,14 +9,13 @@ here too (validated at plugin start by :func:`validate_env`).
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checks.sidecar import load_verified
 from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales
-from ..sidecar.verify import VerifyReport, verify_sidecar
-from ..sidecar.view import extra_trusted_roots, load_sidecar
+from ..sidecar.verify import VerifyReport
+from ..sidecar.view import extra_trusted_roots
 from . import settings
 
 log = logging.getLogger(__name__)
@@ -38,10 +37,6 @@ class Sidecar:
     manifest: SidecarManifest
     scales: dict[int, WeightScale]
     verify: VerifyReport
-
-
-_lock = threading.Lock()
-_loaded: dict[str, Sidecar] = {}
 
 
 def disabled() -> bool:
@@ -71,19 +66,25 @@ def manifest_path(model_path: str | None) -> Path | None:
 
 
 def load(path: Path) -> Sidecar:
-    """Load, check and verify the sidecar at ``path`` (once per process)."""
-    key = os.path.abspath(path)
-    with _lock:
-        if key in _loaded:
-            return _loaded[key]
-        s = settings.current()
-        manifest = load_sidecar(key, extra_roots=extra_trusted_roots(s.trusted_roots))
-        report = verify_sidecar(manifest, no_verify=s.no_verify)
-        scales = find_weight_scales(manifest.root)
-        sidecar = _loaded[key] = Sidecar(manifest, scales, report)
+    """Load, check and verify the sidecar at ``path`` (once per process: the floor's cache, checks/sidecar.py)."""
+    s = settings.current()
+    verified = load_verified(path, extra_roots=extra_trusted_roots(s.trusted_roots), no_verify=s.no_verify)
+    manifest, report = verified.manifest, verified.report
+    first = manifest.root not in _scales
+    sidecar = Sidecar(manifest, _weight_scales(manifest.root), report)
+    if first:
         log.info("PLE sidecar %s: %d table(s), sha256 %s", manifest.path, len(manifest.tables),
                  ", ".join(f"L{t.layer}={t.status}" for t in report.tables))
-        return sidecar
+    return sidecar
+
+
+_scales: dict = {}
+
+
+def _weight_scales(root) -> dict[int, WeightScale]:
+    if root not in _scales:
+        _scales[root] = find_weight_scales(root)
+    return _scales[root]
 
 
 def active() -> Sidecar | None:

@@ -15,7 +15,7 @@ them. Refusals (level ``error``, exit 2):
 - no C or C++ compiler: the first start JIT-compiles kernels for the device (Triton launchers,
   sglang's tvm-ffi JIT, FlashInfer), which the Thor recipe gets from ``build-essential``.
 
-Host prerequisites (``operate/host.py``, shared with vLLM): on a Jetson the L4T release (before JetPack 7,
+Host prerequisites (``checks/host.py``, shared with vLLM): on a Jetson the L4T release (before JetPack 7,
 R38, no Thor and no CUDA 13: refused; a release the write-ups did not run: warned); the PLE reader
 threads against the CPU budget (affinity and the cgroup's ``cpu.max``: write-up 004's throttling);
 free disk for the model and what the first start writes (write-up 000 asks for 180 GiB in all).
@@ -38,10 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks.memory import LockedMemory, check_memlock, check_row_cache_memory, locked_memory
-from ..errors import KitError
-from ..findings import ERROR, OK, WARNING, Finding, as_json, exit_code, print_report
-from ..operate.host import (
+from ..checks.host import (
     TEGRA_RELEASE,
     CpuBudget,
     TegraRelease,
@@ -52,6 +49,9 @@ from ..operate.host import (
     tegra_release,
     thread_findings,
 )
+from ..checks.memory import LockedMemory, check_memlock, check_row_cache_memory, locked_memory
+from ..errors import KitError
+from ..findings import ERROR, OK, WARNING, Finding, as_json, exit_code, print_report
 from ..patching.guard import Verdict, verdict
 from ..sidecar.storage import Disk, classify_disk  # noqa: F401 - classify_disk is part of the doctor's API
 from ..staging.native_read import C_COMPILERS
@@ -595,7 +595,7 @@ def sidecar_paths(model: str | None, explicit: Iterable[str] = ()) -> list[str]:
 def diagnose(*, profile: str | None = None, model: str | None = None,
              draft: str | None = None, argv: Iterable[str] = (), env: Mapping[str, str] | None = None,
              python: str | None = None, sidecars: Iterable[str] = (),
-             data_dir: str | None = None) -> tuple[Facts, list[Finding]]:
+             data_dir: str | None = None, verify_sha: bool = False) -> tuple[Facts, list[Finding]]:
     from dataclasses import replace
 
     env = os.environ if env is None else env
@@ -620,7 +620,30 @@ def diagnose(*, profile: str | None = None, model: str | None = None,
     if sidecar_error:
         findings.append(Finding(ERROR, "sidecar", sidecar_error, "rebuild or re-download the sidecar "
                                 "(sglang-ssd-stream model fetch verifies every file)"))
+    else:
+        findings += check_sidecar(model, env, verify_sha=verify_sha)
     return facts, findings
+
+
+def check_sidecar(model: str | None, env: Mapping[str, str], *, verify_sha: bool) -> list[Finding]:
+    """The sidecar the plugin will serve (the knob's, else the model's), judged by the floor both engines share
+    (checks/sidecar.py): its tables load at full size and, with ``verify_sha``, match their SHA-256."""
+    from ..checks.sidecar import load_finding, sha_finding
+    from ..sidecar.view import extra_trusted_roots
+
+    try:
+        s = settings.read_settings(env)
+    except ValueError:
+        return []  # check_knobs names the bad value
+    path = s.sidecar or (str(Path(model, "ssd-stream.json")) if model and Path(model, "ssd-stream.json").exists()
+                         else None)
+    if s.sidecar_off or path is None:
+        return []
+    roots = extra_trusted_roots(s.trusted_roots)
+    loaded, manifest = load_finding(path, extra_roots=roots)
+    if manifest is None or not (verify_sha or s.no_verify):
+        return [loaded]
+    return [loaded, sha_finding(path, knob=settings.NO_VERIFY.name, no_verify=s.no_verify, extra_roots=roots)]
 
 
 def _model_bytes(model: str | None, argv: list[str]) -> int | None:
@@ -686,7 +709,8 @@ def run_doctor_command(args) -> int:
     from ..paths import data_dir
 
     facts, findings = diagnose(profile=args.profile, model=args.model, draft=args.draft, argv=extra,
-                               python=args.python, sidecars=args.sidecar, data_dir=args.data_dir or str(data_dir()))
+                               python=args.python, sidecars=args.sidecar, data_dir=args.data_dir or str(data_dir()),
+                               verify_sha=True)
     if args.json:
         print(json.dumps(as_json(facts, findings), indent=2))
     else:

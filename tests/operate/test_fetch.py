@@ -158,7 +158,7 @@ def test_network_filesystem_is_refused_before_anything_is_fetched(hub, tmp_path,
 
 
 def test_not_enough_disk_is_refused_before_downloading(hub, tmp_path, monkeypatch):
-    from sglang_ssd_stream.operate import host
+    from sglang_ssd_stream.checks import host
 
     monkeypatch.setattr(host, "free_bytes", lambda p: (1 << 20, str(p)))
     with pytest.raises(EnvironmentProblem, match=r"1\.0 GiB free|0\.0 GiB free.*180 GiB"):

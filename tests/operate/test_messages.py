@@ -64,7 +64,7 @@ def test_thor_profile_off_a_jetson_names_the_checks_it_skipped(device, why):
 
 
 def test_no_skip_finding_where_the_thor_checks_ran_or_do_not_apply():
-    from sglang_ssd_stream.operate import host
+    from sglang_ssd_stream.checks import host
 
     on_thor = facts(device=THOR, request=Request(jetson_profile="thor"),
                     tegra=host.TegraRelease(38, 4, 0, "# R38 (release), REVISION: 4.0"))

@@ -360,7 +360,7 @@ def test_dry_run_reports_a_doctor_that_cannot_run(tmp_path, capsys, monkeypatch)
 def test_serve_sizes_reader_threads_to_the_cgroup_quota(tmp_path, monkeypatch, capsys):
     """Write-up 004: a pool sized past a 16-CPU quota was throttled for 2,242 s; serve sizes the sidecar's
     reader pool to the quota, says why, and leaves a value the operator exported alone."""
-    from sglang_ssd_stream.operate import host
+    from sglang_ssd_stream.checks import host
 
     monkeypatch.setattr(host, "cpu_budget", lambda **kw: host.CpuBudget(affinity=76, quota_cpus=16.0, source="cpu.max"))
     monkeypatch.delenv("SGLANG_SSD_STREAM_READ_WORKERS", raising=False)

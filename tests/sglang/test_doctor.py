@@ -10,9 +10,9 @@ import os
 
 import pytest
 
+from sglang_ssd_stream.checks import host
 from sglang_ssd_stream.checks.memory import LockedMemory
 from sglang_ssd_stream.errors import EXIT_OK, EXIT_REFUSED
-from sglang_ssd_stream.operate import host
 from sglang_ssd_stream.patching.guard import Verdict
 from sglang_ssd_stream.sglang import doctor
 from sglang_ssd_stream.sglang.doctor import ERROR, GIB, OK, WARNING, Device, Disk, Facts, Request, run_checks

@@ -133,7 +133,7 @@ def test_every_user_loads_through_the_one_loader():
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    users = ["sglang_ssd_stream/sglang/config.py", "sglang_ssd_stream/sglang/doctor.py",
+    users = ["sglang_ssd_stream/checks/sidecar.py", "sglang_ssd_stream/sglang/doctor.py",
              "vllm_ple_offload/doctor.py", "sglang_ssd_stream/sidecar/cli.py",
              "sglang_ssd_stream/operate/model_view.py", "sglang_ssd_stream/operate/preflight.py",
              "sglang_ssd_stream/operate/watch/cli.py"]
@@ -141,6 +141,9 @@ def test_every_user_loads_through_the_one_loader():
         text = (repo / rel).read_text()
         assert "load_sidecar" in text, rel
         assert "trusted_roots=" not in text.replace("_trusted_roots(prepared)", ""), rel
+    # both plugins load through the floor's one per-process cache (checks/sidecar.py)
+    assert "load_verified(" in (repo / "sglang_ssd_stream/sglang/config.py").read_text()
+    assert "sha_finding(" in (repo / "vllm_ple_offload/runtime_checks.py").read_text()
 
 
 def test_an_array_marker_field_is_not_a_grant(prepared, tmp_path):

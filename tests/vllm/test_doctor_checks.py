@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from sglang_ssd_stream.checks.sidecar import forget as forget_sidecars
 from sglang_ssd_stream.findings import errors_of
 from vllm_ple_offload import doctor as preflight
 from vllm_ple_offload import env
@@ -250,7 +251,7 @@ def test_verify_once_per_process_and_refuses_a_flipped_byte(tmp_path, monkeypatc
     ok = preflight.verify_sidecar_once(streaming(man), progress=False)
     assert ok.level == OK and "1 table(s) match" in ok.message and "0 from the verified cache" in ok.message
     assert preflight.verify_sidecar_once(streaming(man), progress=False) is ok and len(calls) == 1  # once per process
-    preflight._verified.clear()
+    forget_sidecars()
     again = preflight.verify_sidecar_once(streaming(man), progress=False)
     assert "1 from the verified cache" in again.message  # the next process: the cache, no re-read
 
@@ -311,7 +312,7 @@ def test_a_model_views_sidecar_loads_like_on_sglang(tmp_path):
 
 def test_fetch_pool_is_judged_against_the_cpu_quota():
     """Write-up 004: 76 pool threads under a 16-CPU cgroup quota were throttled for 2,242 s."""
-    from sglang_ssd_stream.operate.host import CpuBudget
+    from sglang_ssd_stream.checks.host import CpuBudget
 
     quota16 = CpuBudget(affinity=64, quota_cpus=16.0, source="/sys/fs/cgroup/cpu.max")
     (found,) = by_check(preflight.run_checks(SIDECAR, facts(cpu=quota16)), "cpu_quota")
@@ -323,7 +324,7 @@ def test_fetch_pool_is_judged_against_the_cpu_quota():
 
 
 def test_l4t_release_on_a_jetson():
-    from sglang_ssd_stream.operate.host import TegraRelease
+    from sglang_ssd_stream.checks.host import TegraRelease
 
     ran = TegraRelease(39, 2, 0, "# R39 (release), REVISION: 2.0")
     old = TegraRelease(36, 4, 0, "# R36 (release), REVISION: 4.0")

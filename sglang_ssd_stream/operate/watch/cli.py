@@ -88,8 +88,8 @@ def _doctor(args, profile):
 
 
 def _watch_config(args, profile, sidecars: tuple[str, ...], doctor) -> WatchConfig:
+    from ...checks.host import cpu_budget, tegra_release
     from ..cli_common import read_api_key
-    from ..host import cpu_budget, tegra_release
 
     api_key = read_api_key(args)
     release = tegra_release()

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from ..host import meminfo as host_meminfo
+from ...checks.host import meminfo as host_meminfo
 
 
 def meminfo(proc: Path) -> dict[str, int]:

@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 
+from sglang_ssd_stream.checks.sidecar import forget as forget_sidecars
 from tests.vllm import harness
 from tests.vllm.synthetic import random_table, write_sidecar
 
@@ -155,10 +156,9 @@ def test_corrupted_sidecar_never_reaches_a_forward(monkeypatch, sidecar, backend
     """One byte flipped mid-table (issue 16 item 1): refused before the embedding exists, with the shared
     verifier's message, through vLLM's real plugin loader (the model module is imported already here, so the
     check runs inside load_general_plugins; in a fresh worker it fails the model's import)."""
-    from vllm_ple_offload import doctor
 
     flip_middle_byte(sidecar)
-    doctor._verified.clear()
+    forget_sidecars()
     with pytest.raises(SystemExit,
                        match=r"(?s)\[error\] sidecar_sha: PLE table ple/layer-3.bin \(layer 3\) has SHA-256 "
                              r"[0-9a-f]{64}, expected [0-9a-f]{64}.*never serve it with VLLM_PLE_NO_VERIFY"):
@@ -182,12 +182,11 @@ def test_corrupted_sidecar_is_also_refused_at_a_fresh_model_import(tmp_path, sid
 
 
 def test_no_verify_is_the_explicit_opt_out(monkeypatch, sidecar, caplog):
-    from vllm_ple_offload import doctor
     from vllm_ple_offload import post_import as hook
     from vllm_ple_offload.embedding import StreamedPLEEmbedding
 
     flip_middle_byte(sidecar)
-    doctor._verified.clear()
+    forget_sidecars()
     with caplog.at_level(logging.WARNING, logger="vllm.ple_offload"):
         harness.load_plugins(monkeypatch, streaming(sidecar, VLLM_PLE_NO_VERIFY="1"))
     assert hook.registered(harness.NVIDIA) == 1  # one callback: the runtime guard's check, then the swap
@@ -198,15 +197,14 @@ def test_no_verify_is_the_explicit_opt_out(monkeypatch, sidecar, caplog):
 
 def test_verified_sidecar_is_hashed_once_then_cached(monkeypatch, sidecar):
     from sglang_ssd_stream.sidecar import verify
-    from vllm_ple_offload import doctor
 
-    doctor._verified.clear()
+    forget_sidecars()
     hashed = []
     real = verify.sha256_file
     monkeypatch.setattr(verify, "sha256_file", lambda *a, **k: hashed.append(a[0]) or real(*a, **k))
     harness.load_plugins(monkeypatch, streaming(sidecar))
     assert len(hashed) == 1
-    doctor._verified.clear()  # a new process: the verified cache answers, nothing is re-read
+    forget_sidecars()  # a new process: the verified cache answers, nothing is re-read
     harness.load_plugins(monkeypatch, streaming(sidecar))
     assert len(hashed) == 1
     assert (sidecar.parent / ".ssd-stream-verified.json").is_file()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_ssd_stream.checks import host
+from sglang_ssd_stream.checks.host import GIB, CpuBudget
 from sglang_ssd_stream.findings import ERROR, OK, WARNING
-from sglang_ssd_stream.operate import host
-from sglang_ssd_stream.operate.host import GIB, CpuBudget
 
 
 def _v2(tmp_path, rel="/system.slice/qwen.service", levels=None):

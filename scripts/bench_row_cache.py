@@ -390,7 +390,7 @@ def cmd_validate(args) -> dict:
     """(1) page cache: sparse vs real-data file, same stream and limit; (2) simulated vs real row cache."""
     from sglang_ssd_stream.sidecar import SidecarReader
     from sglang_ssd_stream.sidecar.format import SidecarTable
-    from sglang_ssd_stream.sidecar.row_cache import RowCache
+    from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
 
     args.dir.mkdir(parents=True, exist_ok=True)
     ids, starts = load_trace(args.trace, args.max_tokens)
@@ -425,7 +425,8 @@ def cmd_validate(args) -> dict:
     io0 = _proc_io()
     t = time.perf_counter()
     wrong = 0
-    cache = RowCache(SidecarReader(table, max_rows=CHUNK_TOKENS * 16), rows, workers=args.workers, _seed=7)
+    cache = RowCache(SidecarReader(table, max_rows=CHUNK_TOKENS * 16), rows,
+                     RowCacheConfig(workers=args.workers, seed=7))
     sim = CacheSimulator(cap, total_rows=uniq.size, row_bytes=ROW_BYTES, seed=7)
     out = np.empty((CHUNK_TOKENS * 16, ROW_BYTES), np.uint8)
     for a0, b0 in chunks(starts):

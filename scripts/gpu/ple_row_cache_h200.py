@@ -69,7 +69,7 @@ from sglang_ssd_stream.sidecar.format import SidecarTable  # noqa: E402
 from sglang_ssd_stream.sidecar.ngram import qwen38_flash_next  # noqa: E402
 from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher  # noqa: E402
 from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
-from sglang_ssd_stream.sidecar.row_cache import RowCache, captured_read  # noqa: E402
+from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig, captured_read  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 
 COLS = 160
@@ -124,7 +124,7 @@ def row_cache(path: Path, rows: int, dtype: str, budget_mib: int, *, lo=None, hi
     allocate = registered_memory if registered else None
     reader = SidecarReader(table_of(path, rows, dtype), vocab_start=lo, vocab_end=hi, max_rows=max_rows,
                            workers=workers)
-    return RowCache.for_budget(reader, budget_mib * MIB, allocate=allocate, workers=workers)
+    return RowCache.for_budget(reader, budget_mib * MIB, allocate=allocate, config=RowCacheConfig(workers=workers))
 
 
 def gather_of(cache: RowCache, dtype: str, device: str, *, mode: str, capacity_rows: int, graph_rows: int):

@@ -38,7 +38,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define RC_ABI 1
+#define RC_ABI 2
 #define RC_PAGE 4096
 #define RC_NIL (-1)
 #define RC_MAX_WORKERS 256
@@ -801,11 +801,40 @@ int rc_abi(void) { return RC_ABI; }
 
 void rc_free(rc_cache_t *c);
 
-rc_cache_t *rc_create(uint8_t *rows, int64_t capacity, int64_t row_bytes, int32_t policy, int32_t fd, int32_t direct,
-                      int64_t row_start, int64_t vocab_start, int64_t vocab_end, int64_t total_rows, int64_t table_bytes,
-                      int32_t workers, int64_t wave_pages, int64_t max_read_pages, uint64_t seed, int32_t debug_hash,
-                      double s3_small_fraction, int32_t s3_threshold, int32_t s3_keep_freq, double s3_ghost_fraction,
-                      int32_t debug_delay_us, char *err, int64_t errlen) {
+/* Mirrored by row_cache.py (_Config); rc_config_layout lets it check the layout before the first call. */
+typedef struct {
+    int64_t capacity, row_bytes, row_start, vocab_start, vocab_end, total_rows, table_bytes, wave_pages,
+        max_read_pages;
+    uint64_t seed;
+    double s3_small_fraction, s3_ghost_fraction;
+    int32_t policy, fd, direct, workers, debug_hash, s3_threshold, s3_keep_freq, debug_delay_us;
+} rc_config_t;
+
+int rc_config_layout(size_t *out, int cap) {
+    const size_t v[] = {sizeof(rc_config_t), offsetof(rc_config_t, capacity), offsetof(rc_config_t, row_bytes),
+                        offsetof(rc_config_t, row_start), offsetof(rc_config_t, vocab_start),
+                        offsetof(rc_config_t, vocab_end), offsetof(rc_config_t, total_rows),
+                        offsetof(rc_config_t, table_bytes), offsetof(rc_config_t, wave_pages),
+                        offsetof(rc_config_t, max_read_pages), offsetof(rc_config_t, seed),
+                        offsetof(rc_config_t, s3_small_fraction), offsetof(rc_config_t, s3_ghost_fraction),
+                        offsetof(rc_config_t, policy), offsetof(rc_config_t, fd), offsetof(rc_config_t, direct),
+                        offsetof(rc_config_t, workers), offsetof(rc_config_t, debug_hash),
+                        offsetof(rc_config_t, s3_threshold), offsetof(rc_config_t, s3_keep_freq),
+                        offsetof(rc_config_t, debug_delay_us)};
+    const int n = (int)(sizeof v / sizeof v[0]);
+    for (int i = 0; i < n && i < cap; i++) out[i] = v[i];
+    return n;
+}
+
+rc_cache_t *rc_create(uint8_t *rows, const rc_config_t *cfg, char *err, int64_t errlen) {
+    const int64_t capacity = cfg->capacity, row_bytes = cfg->row_bytes, row_start = cfg->row_start,
+                  vocab_start = cfg->vocab_start, vocab_end = cfg->vocab_end, total_rows = cfg->total_rows,
+                  table_bytes = cfg->table_bytes, wave_pages = cfg->wave_pages, max_read_pages = cfg->max_read_pages;
+    const int32_t policy = cfg->policy, fd = cfg->fd, direct = cfg->direct, workers = cfg->workers,
+                  debug_hash = cfg->debug_hash, s3_threshold = cfg->s3_threshold, s3_keep_freq = cfg->s3_keep_freq,
+                  debug_delay_us = cfg->debug_delay_us;
+    const uint64_t seed = cfg->seed;
+    const double s3_small_fraction = cfg->s3_small_fraction, s3_ghost_fraction = cfg->s3_ghost_fraction;
     if (capacity < 1 || capacity > INT32_MAX / 2 || row_bytes < 1 || policy < 0 || policy > 2 || workers < 1 ||
         wave_pages < 1 || max_read_pages < 1 || vocab_start < row_start || vocab_end <= vocab_start ||
         total_rows < vocab_end || (vocab_end - row_start) * row_bytes > table_bytes ||

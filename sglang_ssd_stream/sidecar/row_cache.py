@@ -32,6 +32,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("row_cache.c")
 LIB_NAME = "libssd_row_cache.so"
-ABI = 1  # RC_ABI in row_cache.c
+ABI = 2  # RC_ABI in row_cache.c
 EXIT_CODE = 70  # RC_EXIT_CODE in row_cache.c
 POLICIES = {"lru": 0, "clock": 1, "s3fifo": 2}
 DEFAULT_POLICY = "s3fifo"
@@ -86,6 +87,17 @@ class _HostRead(ctypes.Structure):
                 ("calls", ctypes.c_int64), ("closed", ctypes.c_int32), ("what", ctypes.c_char * 128)]
 
 
+class _Config(ctypes.Structure):
+    """``rc_config_t`` of row_cache.c (``rc_config_layout`` checks the layout): what ``rc_create`` is told."""
+
+    _fields_ = [*((n, ctypes.c_int64) for n in ("capacity", "row_bytes", "row_start", "vocab_start", "vocab_end",
+                                                "total_rows", "table_bytes", "wave_pages", "max_read_pages")),
+                ("seed", ctypes.c_uint64), ("s3_small_fraction", ctypes.c_double),
+                ("s3_ghost_fraction", ctypes.c_double),
+                *((n, ctypes.c_int32) for n in ("policy", "fd", "direct", "workers", "debug_hash", "s3_threshold",
+                                                "s3_keep_freq", "debug_delay_us"))]
+
+
 _lib: ctypes.CDLL | None = None
 _lib_lock = threading.Lock()
 _P = ctypes.c_void_p
@@ -111,12 +123,15 @@ def load() -> ctypes.CDLL:
         ours = [ctypes.sizeof(_HostRead)] + [getattr(_HostRead, n).offset for n, _ in _HostRead._fields_]
         buf = (ctypes.c_size_t * 16)()
         theirs = list(buf[:min(16, lib.rc_host_layout(buf, 16))])
-        if lib.rc_abi() != ABI or theirs != ours:
-            raise NativeBuildError(f"{path}: ABI {lib.rc_abi()}, host struct {theirs}; expected ABI {ABI}, {ours}; "
-                                   f"delete it to rebuild")
-        lib.rc_create.argtypes = [_P, _I64, _I64, _I32, _I32, _I32, _I64, _I64, _I64, _I64, _I64, _I32, _I64, _I64,
-                                  ctypes.c_uint64, _I32, ctypes.c_double, _I32, _I32, ctypes.c_double, _I32,
-                                  ctypes.c_char_p, _I64]
+        lib.rc_config_layout.argtypes = [_P, ctypes.c_int]
+        lib.rc_config_layout.restype = ctypes.c_int
+        ours_cfg = [ctypes.sizeof(_Config)] + [getattr(_Config, n).offset for n, _ in _Config._fields_]
+        cbuf = (ctypes.c_size_t * 32)()
+        theirs_cfg = list(cbuf[:min(32, lib.rc_config_layout(cbuf, 32))]) if lib.rc_abi() == ABI else []
+        if lib.rc_abi() != ABI or theirs != ours or theirs_cfg != ours_cfg:
+            raise NativeBuildError(f"{path}: ABI {lib.rc_abi()}, host struct {theirs}, config {theirs_cfg}; expected "
+                                   f"ABI {ABI}, {ours}, {ours_cfg}; delete it to rebuild")
+        lib.rc_create.argtypes = [_P, ctypes.POINTER(_Config), ctypes.c_char_p, _I64]
         lib.rc_create.restype = _P
         lib.rc_read.argtypes = [_P, _P, _I64, _P, _I32, ctypes.c_char_p, _I64]
         lib.rc_read.restype = ctypes.c_int
@@ -147,6 +162,33 @@ def load() -> ctypes.CDLL:
 
 
 S3_DEFAULTS = (S3_SMALL_FRACTION, S3_THRESHOLD, S3_KEEP_FREQ, S3_GHOST_FRACTION)
+
+
+@dataclass(frozen=True)
+class RowCacheConfig:
+    """How a :class:`RowCache` behaves (the geometry comes from its reader and storage)."""
+
+    policy: str = DEFAULT_POLICY
+    direct: bool = True  # O_DIRECT misses (buffered, pages dropped, where the filesystem refuses it)
+    workers: int | None = None  # concurrent miss reads; None: the reader's
+    wave_pages: int = DEFAULT_WAVE_PAGES
+    max_read_pages: int = MAX_READ_PAGES
+    s3: tuple = S3_DEFAULTS  # (small fraction, threshold, keep freq, ghost fraction)
+    seed: int | None = None  # the index hash's seed; None: random per cache
+    debug_hash: int = 0  # tests: a degenerate hash
+    debug_delay_us: int = 0  # tests: a slow read
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"row cache policy {self.policy!r}: expected one of {', '.join(POLICIES)}")
+
+    def c_struct(self, **geometry) -> _Config:
+        small, threshold, keep, ghost = self.s3
+        return _Config(wave_pages=int(self.wave_pages), max_read_pages=int(self.max_read_pages),
+                       seed=secrets.randbits(64) if self.seed is None else int(self.seed),
+                       s3_small_fraction=float(small), s3_ghost_fraction=float(ghost), policy=POLICIES[self.policy],
+                       debug_hash=int(self.debug_hash), s3_threshold=int(threshold), s3_keep_freq=int(keep),
+                       debug_delay_us=int(self.debug_delay_us), **{k: int(v) for k, v in geometry.items()})
 
 
 def metadata_bytes(capacity: int, policy: str = DEFAULT_POLICY, s3: tuple = S3_DEFAULTS) -> int:
@@ -207,32 +249,31 @@ class RowCache:
 
     io = "cache"
 
-    def __init__(self, reader, rows: np.ndarray, *, policy: str = DEFAULT_POLICY, direct: bool = True,
-                 workers: int | None = None, wave_pages: int = DEFAULT_WAVE_PAGES, max_read_pages: int = MAX_READ_PAGES,
-                 _debug_hash: int = 0, _debug_delay_us: int = 0, _s3=S3_DEFAULTS,
-                 _seed: int | None = None):
+    def __init__(self, reader, rows: np.ndarray, config: RowCacheConfig | None = None):
+        config = RowCacheConfig() if config is None else config
+        self.config = config
         self.reader = reader
         self.table = reader.table
         self.row_bytes = rb = reader.row_bytes
         self.vocab_start, self.vocab_end, self.total_rows = reader.vocab_start, reader.vocab_end, reader.total_rows
         self.max_rows = int(getattr(reader, "max_rows", 0))
-        self.workers = int(workers if workers is not None else getattr(reader, "workers", DEFAULT_WORKERS))
-        if policy not in POLICIES:
-            raise ValueError(f"row cache policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        self.workers = int(config.workers if config.workers is not None else getattr(reader, "workers",
+                                                                                     DEFAULT_WORKERS))
+        policy = config.policy  # checked by RowCacheConfig
         if (not isinstance(rows, np.ndarray) or rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != rb
                 or rows.shape[0] < 1 or not rows.flags.c_contiguous or not rows.flags.writeable):
             desc = f"{rows.dtype} {rows.shape}" if isinstance(rows, np.ndarray) else type(rows).__name__
             raise SidecarShapeMismatch(f"row cache storage must be a writable C-contiguous uint8 array of shape "
                                        f"(capacity >= 1, {rb}), got {desc}", actual=desc, expected=("uint8", rb))
-        self.rows, self.policy, self.capacity, self._s3 = rows, policy, rows.shape[0], tuple(_s3)
-        self.wave_pages = int(wave_pages)
+        self.rows, self.policy, self.capacity, self._s3 = rows, policy, rows.shape[0], tuple(config.s3)
+        self.wave_pages = int(config.wave_pages)
         self._lib = lib = load()
         path = str(self.table.file)
-        self.direct = bool(direct)
+        self.direct = bool(config.direct)
         try:
-            fd = open_table(path, os.O_DIRECT if direct else 0)
+            fd = open_table(path, os.O_DIRECT if self.direct else 0)
         except OSError as exc:
-            if not (direct and exc.errno == errno.EINVAL):
+            if not (self.direct and exc.errno == errno.EINVAL):
                 raise SidecarIOError(f"cannot open PLE table {path}: {exc.strerror or exc}", path=path) from exc
             log.warning("PLE row cache: %s refuses O_DIRECT; misses are read buffered and their pages dropped", path)
             self.direct = False
@@ -249,13 +290,11 @@ class RowCache:
                                        f"expected {self.table.bytes}",
                                        path=path, actual=size, expected=self.table.bytes)
             err = ctypes.create_string_buffer(512)
-            small, threshold, keep, ghost = _s3
-            handle = lib.rc_create(rows.ctypes.data, self.capacity, rb, POLICIES[policy], fd, int(self.direct),
-                                   self.table.row_start, self.vocab_start, self.vocab_end, self.total_rows,
-                                   self.table.bytes, self.workers, self.wave_pages, int(max_read_pages),
-                                   secrets.randbits(64) if _seed is None else int(_seed), int(_debug_hash),
-                                   float(small), int(threshold), int(keep), float(ghost), int(_debug_delay_us),
-                                   err, len(err))
+            cfg = config.c_struct(
+                capacity=self.capacity, row_bytes=rb, row_start=self.table.row_start, vocab_start=self.vocab_start,
+                vocab_end=self.vocab_end, total_rows=self.total_rows, table_bytes=self.table.bytes, fd=fd,
+                direct=self.direct, workers=self.workers)
+            handle = lib.rc_create(rows.ctypes.data, ctypes.byref(cfg), err, len(err))
             if not handle:
                 raise SidecarShapeMismatch(f"PLE row cache for {path}: {_err(err)}", path=path)
         except BaseException:
@@ -271,19 +310,19 @@ class RowCache:
 
     @classmethod
     def for_budget(cls, reader: object, budget_bytes: int, *, allocate: Callable[[int], object] | None = None,
-                   policy: str = DEFAULT_POLICY, **kw) -> RowCache | None:
+                   config: RowCacheConfig | None = None) -> RowCache | None:
         """A cache over ``reader`` whose rows + metadata + buffers fit ``budget_bytes``, its storage from
         ``allocate(nbytes)`` (a uint8 array or tensor: e.g. ``staging.host_memory.allocate_registered``;
         default plain memory), or None when the budget holds no row (0: the cache is off)."""
-        cap = capacity_for_budget(budget_bytes, reader.row_bytes, policy=policy,
-                                  wave_pages=kw.get("wave_pages", DEFAULT_WAVE_PAGES),
-                                  max_rows=int(getattr(reader, "max_rows", 0)), s3=kw.get("_s3", S3_DEFAULTS))
+        config = RowCacheConfig() if config is None else config
+        cap = capacity_for_budget(budget_bytes, reader.row_bytes, policy=config.policy, wave_pages=config.wave_pages,
+                                  max_rows=int(getattr(reader, "max_rows", 0)), s3=config.s3)
         if cap < 1:
             return None
         nbytes = cap * reader.row_bytes
         owner = np.zeros(nbytes, np.uint8) if allocate is None else allocate(nbytes)
         storage = (owner if isinstance(owner, np.ndarray) else owner.numpy()).reshape(cap, reader.row_bytes)
-        cache = cls(reader, storage, policy=policy, **kw)
+        cache = cls(reader, storage, config)
         cache._storage_owner = owner  # e.g. the registered tensor: its registration lives as long as the cache
         return cache
 
@@ -495,12 +534,12 @@ class CacheSimulator:
         self._lib = lib = load()
         self.capacity, self.policy, self.row_bytes = int(capacity), policy, int(row_bytes)
         err = ctypes.create_string_buffer(512)
-        small, threshold, keep, ghost = _s3
         end = int(total_rows) if vocab_end is None else int(vocab_end)
-        self._c = lib.rc_create(None, self.capacity, self.row_bytes, POLICIES[policy], -1, 0, 0, int(vocab_start), end,
-                                int(total_rows), int(total_rows) * self.row_bytes, 1, DEFAULT_WAVE_PAGES,
-                                MAX_READ_PAGES, int(seed), int(_debug_hash), float(small), int(threshold), int(keep),
-                                float(ghost), 0, err, len(err))
+        cfg = RowCacheConfig(policy=policy, direct=False, workers=1, s3=tuple(_s3), seed=int(seed),
+                             debug_hash=int(_debug_hash)).c_struct(
+            capacity=self.capacity, row_bytes=self.row_bytes, row_start=0, vocab_start=int(vocab_start), vocab_end=end,
+            total_rows=int(total_rows), table_bytes=int(total_rows) * self.row_bytes, fd=-1, direct=0, workers=1)
+        self._c = lib.rc_create(None, ctypes.byref(cfg), err, len(err))
         if not self._c:
             raise ValueError(_err(err))
         self._finalizer = weakref.finalize(self, _release_sim, lib, self._c)
@@ -533,5 +572,5 @@ def _release_sim(lib, handle) -> None:
     lib.rc_free(handle)
 
 
-__all__ = ["RowCache", "HostRead", "captured_read", "CacheSimulator", "capacity_for_budget", "metadata_bytes",
-           "fixed_bytes", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES"]
+__all__ = ["RowCache", "RowCacheConfig", "HostRead", "captured_read", "CacheSimulator", "capacity_for_budget",
+           "metadata_bytes", "fixed_bytes", "load", "POLICIES", "DEFAULT_POLICY", "STAT_NAMES"]

@@ -34,6 +34,7 @@ from sglang_ssd_stream.sidecar.row_cache import (
     POLICIES,
     CacheSimulator,
     RowCache,
+    RowCacheConfig,
     capacity_for_budget,
     captured_read,
     fixed_bytes,
@@ -68,7 +69,8 @@ def expect(ids, lo: int, hi: int, rb: int = RB) -> np.ndarray:
 def cache_of(table, capacity, *, lo=None, hi=None, reader="pread", **kw) -> RowCache:
     cls = SidecarReader if reader == "pread" else MappedReader
     r = cls(table, vocab_start=lo, vocab_end=hi, max_rows=4096, workers=2)
-    return RowCache(r, np.zeros((capacity, table.row_bytes), np.uint8), workers=kw.pop("workers", 4), **kw)
+    config = RowCacheConfig(workers=kw.pop("workers", 4), **{k.lstrip("_"): v for k, v in kw.items()})
+    return RowCache(r, np.zeros((capacity, table.row_bytes), np.uint8), config)
 
 
 def read(cache: RowCache, ids) -> np.ndarray:
@@ -137,7 +139,7 @@ def test_bad_storage_policy_and_shapes_are_refused(table):
         with pytest.raises(SidecarShapeMismatch):
             RowCache(r, rows)
     with pytest.raises(ValueError, match="expected one of lru, clock, s3fifo"):
-        RowCache(r, np.zeros((10, RB), np.uint8), policy="arc")
+        RowCache(r, np.zeros((10, RB), np.uint8), RowCacheConfig(policy="arc"))
     with cache_of(table, 10) as c:
         with pytest.raises(SidecarShapeMismatch):
             c.read_rows(np.array([1, 2]), np.zeros((3, RB), np.uint8))
@@ -526,3 +528,34 @@ def test_host_read_after_close_ends_the_process_with_a_message(tmp_path, closing
     assert p.returncode == 70, p.stderr
     assert f"PLE layer 3 row cache read failed inside a CUDA stream/graph: {message}" in p.stderr
     assert "not reached" not in p.stdout
+
+
+# ----------------------------------------------------------------------------- the configuration object
+
+
+def test_a_library_whose_config_layout_differs_is_refused(monkeypatch):
+    """``rc_create`` takes one ``rc_config_t``; Python's mirror must match it field for field, else the library
+    is refused before any cache is built (a shifted field would silently misconfigure every cache)."""
+    import ctypes
+
+    from sglang_ssd_stream.sidecar import row_cache
+    from sglang_ssd_stream.sidecar.native import NativeBuildError
+
+    class Shifted(ctypes.Structure):
+        _fields_ = [*row_cache._Config._fields_[1:], row_cache._Config._fields_[0]]  # capacity moved last
+
+    monkeypatch.setattr(row_cache, "_lib", None)
+    monkeypatch.setattr(row_cache, "_Config", Shifted)
+    with pytest.raises(NativeBuildError, match=r"config \[\d+(, \d+)+\]; expected ABI 2"):
+        row_cache.load()
+
+
+def test_the_config_object_reaches_the_c_cache(table):
+    """Each field of RowCacheConfig acts: the policy, the workers, the seed and the test-only hash."""
+    with cache_of(table, 64, policy="lru", workers=3, _seed=5, _debug_hash=2) as c:
+        assert (c.policy, c.workers, c.config.seed, c.config.debug_hash) == ("lru", 3, 5, 2)
+        np.testing.assert_array_equal(read(c, [1, 2]), expect([1, 2], 0, ROWS))
+        np.testing.assert_array_equal(read(c, [1]), expect([1], 0, ROWS))
+        assert c.stats["hits"] == 1  # the second lookup, served from the cache
+    with pytest.raises(ValueError, match="row cache policy 'arc'"):
+        RowCacheConfig(policy="arc")

@@ -12,7 +12,7 @@ from sglang_ssd_stream.sidecar import SidecarReader
 from sglang_ssd_stream.sidecar.format import SidecarTable
 from sglang_ssd_stream.sidecar.ngram import NGramHash
 from sglang_ssd_stream.sidecar.prefetch import PromptPrefetcher
-from sglang_ssd_stream.sidecar.row_cache import RowCache
+from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
 
 EOS = 7
 HASH = NGramHash.from_config(unigram_vocab_size=1000, eos_token_id=EOS, ngram_vocab_size_base=1000)
@@ -30,7 +30,8 @@ def table(tmp_path) -> SidecarTable:
 
 
 def cache(table, **kw) -> RowCache:
-    return RowCache(SidecarReader(table, max_rows=CHUNK * 16), np.zeros((60_000, RB), np.uint8), workers=2, **kw)
+    return RowCache(SidecarReader(table, max_rows=CHUNK * 16), np.zeros((60_000, RB), np.uint8),
+                    RowCacheConfig(workers=2, **{k.lstrip("_"): v for k, v in kw.items()}))
 
 
 class Recorder:

@@ -19,7 +19,7 @@ import pytest
 
 from sglang_ssd_stream.sidecar import MappedReader, SidecarReader
 from sglang_ssd_stream.sidecar.errors import SidecarChanged, SidecarReaderUnusable, SidecarTruncated
-from sglang_ssd_stream.sidecar.row_cache import RowCache
+from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
 
 IDS = np.array([0, 1, 17, 2500, 5002, 17, 4096], np.int64)
 # Timestamps have the filesystem's clock granularity (a few ms): a write within one tick of the table's
@@ -34,7 +34,7 @@ def _open(table, path: str):
         return MappedReader(table, max_rows=4096, workers=2)
     inner = SidecarReader(table, max_rows=4096, workers=2) if path == "cache-pread" else \
         MappedReader(table, max_rows=4096, workers=2)
-    return RowCache(inner, np.zeros((64, table.row_bytes), np.uint8), workers=2)
+    return RowCache(inner, np.zeros((64, table.row_bytes), np.uint8), RowCacheConfig(workers=2))
 
 
 def _read(reader, ids=IDS):
@@ -117,7 +117,7 @@ def test_a_write_while_the_row_cache_reads_is_not_served(table):
     """The row cache's own reads (C, sleeping inside its read): a write meanwhile fails the lookup."""
     time.sleep(SETTLE_S)
     inner = SidecarReader(table, max_rows=4096, workers=2)
-    c = RowCache(inner, np.zeros((64, table.row_bytes), np.uint8), workers=2, _debug_delay_us=300_000)
+    c = RowCache(inner, np.zeros((64, table.row_bytes), np.uint8), RowCacheConfig(workers=2, debug_delay_us=300_000))
     other = _other_bytes(table)
     outcome = {}
 

@@ -159,7 +159,7 @@ def test_an_array_marker_field_is_not_a_grant(prepared, tmp_path):
 def test_a_table_swapped_for_an_odd_file_after_load_is_refused_without_a_hang(prepared, tmp_path, odd, reader):
     from sglang_ssd_stream.sidecar import MappedReader, SidecarReader, verify_sidecar
     from sglang_ssd_stream.sidecar.errors import SidecarIOError
-    from sglang_ssd_stream.sidecar.row_cache import RowCache
+    from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
 
     m = load_sidecar(prepared)
     table = m.tables[0]
@@ -181,7 +181,7 @@ def test_a_table_swapped_for_an_odd_file_after_load_is_refused_without_a_hang(pr
             elif reader == "mmap":
                 MappedReader(table, max_rows=8, workers=1).close()
             elif reader == "row-cache":
-                RowCache(inner, np.zeros((8, table.row_bytes), np.uint8), workers=1).close()
+                RowCache(inner, np.zeros((8, table.row_bytes), np.uint8), RowCacheConfig(workers=1)).close()
             else:
                 verify_sidecar(m, use_cache=False, progress=False)
             outcome["opened"] = True

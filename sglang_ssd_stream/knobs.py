@@ -235,10 +235,9 @@ def main(argv: list[str]) -> int:
     new = render_doc(text)
     if argv == ["--write"]:
         if new != text:
-            tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(new)
-            os.replace(tmp, path)
+            from .atomic_file import write_atomic
+
+            write_atomic(path, new)
         return 0
     if argv == ["--check"]:
         if new != text:

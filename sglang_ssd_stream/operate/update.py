@@ -16,11 +16,11 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic_file import write_atomic
 from ..errors import EnvironmentProblem
 from ..paths import data_dir as kit_data_dir
 from .errors import ModelUpdateError, Offline
@@ -53,26 +53,8 @@ def write_state(data_dir: str | os.PathLike, doc: dict) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Temp file in the same directory, fsync, rename, fsync the directory."""
-    p = Path(path)
-    d = p.parent
-    d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Temp file in the same directory, fsync, rename, fsync the directory (:mod:`..atomic_file`)."""
+    write_atomic(path, text)
 
 
 def check_snapshot(snapshot: str | os.PathLike, *, progress: bool = True, required=REQUIRED_FILES) -> dict:

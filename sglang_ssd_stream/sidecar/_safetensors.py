@@ -152,12 +152,10 @@ def write_small(path: str | os.PathLike, tensors: dict[str, tuple[str, tuple[int
         blobs.append(data)
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)  # the format pads the header with spaces to 8-byte alignment
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
+    from ..atomic_file import replacing
+
+    with replacing(path) as f:
         f.write(struct.pack("<Q", len(hb)))
         f.write(hb)
         for b in blobs:
             f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

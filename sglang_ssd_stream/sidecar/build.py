@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..atomic_file import fsync_dir, write_atomic
 from ..errors import EnvironmentProblem, RefusedSourceState
 from . import _safetensors
 from .errors import SidecarCheckpointError
@@ -232,17 +233,6 @@ def table_name(layer: int) -> str:
     return f"ple/layer-{layer}.bin"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _copy_layer(src: PleLayerSource, dest: Path, buf: bytearray, bar) -> str:
@@ -355,12 +345,12 @@ def build_sidecar(
         if manifest_path.exists() or manifest_path.is_symlink():
             # The old manifest goes before its tables are replaced: it never describes new bytes.
             manifest_path.unlink()
-            _fsync_dir(out_dir)
+            fsync_dir(out_dir)
         for layer in sources:
             final = out_dir / table_name(layer)
             os.replace(final.with_name(f".{final.name}.partial"), final)
         partials.clear()
-        _fsync_dir(out_dir / "ple")
+        fsync_dir(out_dir / "ple")
 
         scale_file, scales = _write_scales(checkpoint, out_dir, tensors, sources)
 
@@ -373,12 +363,7 @@ def build_sidecar(
                 for n, s in sources.items()
             ],
         }
-        tmp = manifest_path.with_name(f".{MANIFEST_NAME}.partial")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, manifest_path)
-        _fsync_dir(out_dir)
+        write_atomic(manifest_path, json.dumps(doc, indent=2) + "\n")
     except OSError as exc:
         if isinstance(exc, EnvironmentProblem):  # already one of ours
             raise

@@ -38,7 +38,6 @@ import os
 import re
 import stat
 import struct
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import strict_json
+from ..atomic_file import replacing
 from ..paths import data_dir
-from .build import _fsync_dir
 from .errors import SidecarRowOutOfRange, SidecarShapeMismatch
 from .format import FORMAT as SIDECAR_FORMAT
 from .format import SidecarManifest
@@ -207,26 +206,12 @@ def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range
     header = _PREFIX.pack(MAGIC, VERSION, len(raw_meta), len(segments)) + raw_meta + b"".join(digests)
     header += hashlib.sha256(header).digest()
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        try:
-            _write_all(fd, [header])
-            for ids, rows in parts:
-                _write_all(fd, [ids, rows])
-            os.fsync(fd)
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(p.parent)  # the rename itself survives a power cut
+    with replacing(path) as f:  # whole or not at all: the old file stays until the rename
+        fd = f.fileno()
+        _write_all(fd, [header])
+        for ids, rows in parts:
+            _write_all(fd, [ids, rows])
+        size = os.fstat(fd).st_size
     return size
 
 

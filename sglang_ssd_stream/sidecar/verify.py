@@ -19,12 +19,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..atomic_file import write_atomic
 from ..paths import data_dir
 from .errors import SidecarChecksumMismatch, SidecarIOError, SidecarTruncated
 from .format import SidecarManifest, SidecarTable, load_manifest
@@ -92,18 +92,8 @@ def _read_cache(path: Path) -> dict:
 
 def _write_cache(path: Path, entries: dict) -> None:
     """Atomically write the cache; raises OSError when the location is not writable."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": CACHE_VERSION, "tables": entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, json.dumps({"version": CACHE_VERSION, "tables": entries}, indent=1, sort_keys=True),
+                 durable=False)  # a lost cache is a cache miss
 
 
 def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, progress: bool = True,

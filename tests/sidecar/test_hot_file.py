@@ -17,6 +17,7 @@ import types
 import numpy as np
 import pytest
 
+from sglang_ssd_stream import atomic_file
 from sglang_ssd_stream.sidecar import hot_file as hf
 from sglang_ssd_stream.sidecar import load_manifest
 from sglang_ssd_stream.sidecar.errors import SidecarRowOutOfRange, SidecarShapeMismatch
@@ -381,7 +382,7 @@ def test_a_failed_rename_leaves_the_old_file(written, caplog, monkeypatch):
 
     def crash(src, dst):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(hf, "os", _Os(replace=crash))
+    monkeypatch.setattr(atomic_file, "os", _Os(replace=crash))  # the kit's one atomic writer
     with pytest.raises(OSError, match="No space"):
         hf.write_hot_file(path, manifest, RANGE, {FP8: rows[FP8]}, block_rows=BLOCK)
     monkeypatch.undo()
@@ -413,9 +414,10 @@ def test_write_replaces_and_is_synced(written, monkeypatch):
     path, manifest, rows = written
     synced = []
     real = os.fsync
-    monkeypatch.setattr(hf, "os", _Os(fsync=lambda fd: (synced.append(stat.S_ISREG(os.fstat(fd).st_mode)), real(fd))))
+    monkeypatch.setattr(atomic_file, "os", _Os(fsync=lambda fd: (synced.append(stat.S_ISREG(os.fstat(fd).st_mode)),
+                                                                 real(fd))))
     hf.write_hot_file(path, manifest, RANGE, {BF16: rows[BF16]}, block_rows=BLOCK)
-    assert synced == [True]  # the data before the rename (the directory's fsync is build._fsync_dir's)
+    assert synced == [True, False]  # the data before the rename, then the directory
     assert set(hf.read_hot_file(path, manifest, RANGE, 1 << 30).layers) == {BF16}
 
 

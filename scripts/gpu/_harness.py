@@ -30,6 +30,32 @@ def make_table(path: Path, rows: int, row_bytes: int) -> None:
         os.fsync(f.fileno())
 
 
+def write_sidecar(d: Path, rows: int, row_bytes: int, *, layer: int = 3, dtype: str = "float8_e4m3fn",
+                  seed: int = 5, finite: bool = False) -> Path:
+    """A sidecar (``ssd-stream.json`` + one table of random bytes, written in 256 MiB pieces); its manifest.
+    ``finite``: no NaN (0x7F/0xFF) and no -0.0 (0x80) bytes, so that a BF16 all-reduce of ``row + 0`` is exact."""
+    import hashlib
+
+    import numpy as np
+
+    d.mkdir(parents=True, exist_ok=True)
+    path, sha, rng = d / f"layer-{layer}.bin", hashlib.sha256(), np.random.default_rng(seed)
+    with open(path, "wb") as f:
+        left = rows * row_bytes
+        while left:
+            chunk = rng.integers(0, 256, min(left, 256 << 20), dtype=np.uint8)
+            if finite:
+                chunk[((chunk & 0x7F) == 0x7F) | (chunk == 0x80)] = 0
+            f.write(chunk.tobytes())
+            sha.update(chunk.tobytes())
+            left -= chunk.size
+    manifest = d / "ssd-stream.json"
+    manifest.write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
+        {"layer": layer, "path": path.name, "sha256": sha.hexdigest(), "dtype": dtype, "rows": rows,
+         "columns": row_bytes // (1 if dtype == "float8_e4m3fn" else 2), "bytes": rows * row_bytes}]}))
+    return manifest
+
+
 def run_fio(fio: str, path: Path, seconds: float, jobs: tuple[int, ...] = (1, 16)) -> dict:
     """4 KiB random reads of ``path`` with O_DIRECT (the disk, not the page cache), psync, per job count: the
     baseline every I/O number of a run is compared with (disks differ between boxes)."""

@@ -76,7 +76,7 @@ from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 from sglang_ssd_stream.staging.host_memory import allocate_registered, caching_allocator_bytes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import run_fio, simulated_layer, sync  # noqa: E402
+from _harness import run_fio, simulated_layer, sync, write_sidecar  # noqa: E402
 
 KERNEL = "_lookup_ple_embedding_from_pinned_kernel"
 ROW_BYTES = 160  # Qwen3.8 Flash-Next: 160 fp8 columns (80 bf16)
@@ -124,28 +124,6 @@ class Vllm:
         if ids.numel():
             self.kernel[(ids.numel(),)](self.weight, ids, out, ROW_BYTES, self.lo, self.hi,
                                         BLOCK_D=triton.next_power_of_2(ROW_BYTES))
-
-
-def write_table(d: Path, rows: int, layer: int, dtype: str, seed: int) -> Path:
-    """A sidecar (ssd-stream.json + one table) of random bytes, written in 256 MiB pieces."""
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"layer-{layer}.bin"
-    sha = hashlib.sha256()
-    rng = np.random.default_rng(seed)
-    with open(path, "wb") as f:
-        left = rows * ROW_BYTES
-        while left:
-            n = min(left, 256 << 20)
-            chunk = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-            f.write(chunk)
-            sha.update(chunk)
-            left -= n
-    cols = ROW_BYTES // (1 if dtype == "float8_e4m3fn" else 2)
-    manifest = d / "ssd-stream.json"
-    manifest.write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
-        {"layer": layer, "path": path.name, "sha256": sha.hexdigest(), "dtype": dtype, "rows": rows,
-         "columns": cols, "bytes": rows * ROW_BYTES}]}))
-    return manifest
 
 
 def read_into(path: Path, t: torch.Tensor, first_row: int) -> None:
@@ -465,7 +443,7 @@ def main(argv=None) -> int:
     d = Path(args.dir)
     t0 = time.time()
     small = 20_011 if args.quick else 2_000_003
-    manifests = {dt: write_table(d / f"bitexact-{dt}", small, 3, dt, seed=i)
+    manifests = {dt: write_sidecar(d / f"bitexact-{dt}", small, ROW_BYTES, layer=3, dtype=dt, seed=i)
                  for i, dt in enumerate(("float8_e4m3fn", "bfloat16"))}
     cc = native_read.compiler()
     report = {"command": shlex.join([Path(sys.executable).name, *sys.argv]), "host": platform.node(),
@@ -491,7 +469,7 @@ def main(argv=None) -> int:
                                                     for r in report["start_nonblocking"])
     big = None
     if device.type == "cuda" and not args.quick:
-        big = write_table(d / "timing", int(args.table_gib * (1 << 30)) // ROW_BYTES, 3, "float8_e4m3fn", 9)
+        big = write_sidecar(d / "timing", int(args.table_gib * (1 << 30)) // ROW_BYTES, ROW_BYTES, seed=9)
         report["decode_graphs"] = decode_graphs(kernel, big, args)
         for b in BACKENDS:
             checks[f"decode_hidden_{b}"] = all(r[f"{b}_{how}_exposed_ms"] <= args.exposed_limit_ms

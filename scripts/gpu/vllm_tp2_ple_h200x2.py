@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import os
 import socket
@@ -57,7 +56,7 @@ from sglang_ssd_stream.sidecar.reader import SidecarReader  # noqa: E402
 from sglang_ssd_stream.staging.gather import SidecarGather  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import sync  # noqa: E402
+from _harness import sync, write_sidecar  # noqa: E402
 
 BACKENDS = ("mmap", "pread")
 
@@ -95,26 +94,6 @@ def rank_range(ns, rows: int, rank: int, world: int) -> tuple[int, int]:
     padded = ns["pad_vocab_size"](rows, DIVISOR)
     idx = ns["VocabParallelEmbedding"]._get_indices(padded, padded, rows, rows, rank, world)
     return idx.org_vocab_start_index, idx.org_vocab_end_index
-
-
-def write_table(d: Path, rows: int, *, seed: int = 5, finite: bool = False) -> Path:
-    """A random FP8 table and its manifest. ``finite``: no NaN (0x7F/0xFF) and no -0.0 (0x80) bytes,
-    so that a BF16 all-reduce of ``row + 0`` is exact (the SGLang-side check)."""
-    d.mkdir(parents=True, exist_ok=True)
-    path, sha, rng = d / "layer-3.bin", hashlib.sha256(), np.random.default_rng(seed)
-    with open(path, "wb") as f:
-        left = rows * ROW_BYTES
-        while left:
-            chunk = rng.integers(0, 256, min(left, 256 << 20), dtype=np.uint8)
-            if finite:
-                chunk[((chunk & 0x7F) == 0x7F) | (chunk == 0x80)] = 0
-            f.write(chunk.tobytes())
-            sha.update(chunk.tobytes())
-            left -= chunk.size
-    (d / "ssd-stream.json").write_text(json.dumps({"format": "sglang-ssd-stream", "version": 1, "tables": [
-        {"layer": 3, "path": path.name, "sha256": sha.hexdigest(), "dtype": "float8_e4m3fn", "rows": rows,
-         "columns": ROW_BYTES, "bytes": rows * ROW_BYTES}]}))
-    return d / "ssd-stream.json"
 
 
 def cases(rows: int, bounds, n: int) -> dict[str, np.ndarray]:
@@ -348,7 +327,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the device README asks
     t0 = time.time()
     rows = 20_000 if args.quick else int(args.table_gib * (1 << 30)) // ROW_BYTES // DIVISOR * DIVISOR
-    args.manifest = str(write_table(Path(args.dir), rows))
+    args.manifest = str(write_sidecar(Path(args.dir), rows, ROW_BYTES))
     tp2 = spawn(2, args)
     tp1 = spawn(1, args)
     checks = {f"rank{r['rank']}_{k}": v for r in tp2 for k, v in r["checks"].items()}
@@ -366,7 +345,7 @@ def main(argv=None) -> int:
     report["tp2_vs_tp1"] = ratios
     if args.device == "cuda" and args.with_sglang:
         rows_f = 8_000 if args.quick else int(args.sglang_table_gib * (1 << 30)) // ROW_BYTES // 64 * 64
-        args.finite_manifest = str(write_table(Path(args.dir) / "sglang", rows_f, seed=6, finite=True))
+        args.finite_manifest = str(write_sidecar(Path(args.dir) / "sglang", rows_f, ROW_BYTES, seed=6, finite=True))
         sg2 = spawn_sglang(2, args)
         report["sglang_ranges"] = [r["range"] for r in sg2]
         checks.update({f"sglang_rank{r['rank']}_{k}": v for r in sg2 for k, v in r["checks"].items()})

@@ -130,6 +130,7 @@ def test_sglang_refuses_an_unknown_or_retired_name():
         settings.read_settings({"SGLANG_SSD_STREAM_ROWCACHE_MB": "64"})
     with pytest.raises(knobs.KnobError, match="SGLANG_SSD_STREAM_SWITCH_INTERVAL_US is no longer used"):
         settings.read_settings({"SGLANG_SSD_STREAM_SWITCH_INTERVAL_US": "5"})
+    assert settings.read_settings({"SGLANG_QSA_SOMETHING_UPSTREAM": "x"})  # sglang's namespace, not ours
 
 
 def test_current_parses_again_only_when_the_values_change(monkeypatch):

@@ -51,7 +51,8 @@ class Settings:
 
 def refusals(environ: Mapping[str, str]) -> list[str]:
     """Every refused value, unknown name and retired knob in ``environ`` (the doctor lists them all)."""
-    unknown = sorted(n for n in environ if n.startswith(_PREFIXES) and n not in K
+    # only the kit's own namespace: SGLANG_QSA_* is sglang's too, and a later release may add its own there
+    unknown = sorted(n for n in environ if n.startswith(PREFIX[SGLANG]) and n not in K
                      and n not in {r.name for r in knobs.RETIRED[SGLANG]})
     out = [f"unknown variable(s) {', '.join(unknown)}; known: {', '.join(K)}"] if unknown else []
     return out + knobs.refusals(SGLANG, environ)

@@ -18,6 +18,13 @@ buffers vLLM really uses (``Qwen4ExpNGramEmbedding.layer_multipliers``, ``ngram_
 ``tests/vllm/checks/check_ngram_hash.py``) and that layer's row cache; chunks of vLLM's
 ``max_num_batched_tokens``; the window ``VLLM_PLE_PREFETCH_CHUNKS``.
 
+What it did is in the worker's log: a request that leaves while its prefill is unfinished (aborted, or
+preempted) gets one line (its id, where it stopped, the chunks of it the prefetcher read); the activity
+line (the prefetcher's and the row caches' counters, prefills done and left unfinished, and any chunk read
+for a request after it left) follows such a leave, and any other one at most every :data:`REPORT_EVERY_S`.
+The chunks read per request are counted on the prompt the hook hands over (:class:`_Prompt`, a copy made
+once per request): the prefetch thread slices a request's prompt once for each chunk it fetches.
+
 Fatal, never silent: a row cache built in a process whose runner loads a model without it, and
 the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0`` or a feature V2 lacks) with a row cache, stop
 the worker with the fix named. Installed by :mod:`.activate` through :mod:`.post_import` only when
@@ -32,6 +39,7 @@ import functools
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 from . import LOGGER_NAME, env, runtime_guard
@@ -42,9 +50,36 @@ log = logging.getLogger(LOGGER_NAME)
 RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
 RUNNER_V1 = "vllm.v1.worker.gpu_model_runner"
 _MARK = "_vllm_ple_prompt_prefetch"  # set on our wrappers: installing again is a no-op
+REPORT_EVERY_S = 60.0  # the activity line's period in the log (as sglang's); a request left unfinished logs at once
 
 _lock = threading.Lock()
 _hook: PromptHook | None = None  # this process's (one runner per worker process)
+
+
+class _Prompt(list):
+    """A request's prefill tokens as the hook hands them to the prefetcher: a copy (made once per request) that
+    counts the chunks the prefetch thread reads from it. The thread slices a request's prompt once per chunk it
+    fetches (``PromptPrefetcher._run``; nothing else slices it), so a slice is a chunk fetched for this request,
+    and one taken after the request left is a chunk fetched for a request that is gone."""
+
+    def __init__(self, tokens: Sequence[int], start: int, late: list[int]):
+        super().__init__(tokens)
+        self.start = start  # the computed tokens when it arrived (a prefix-cache hit): nothing before is fetched
+        self.scheduled_to = start  # the end of its last scheduled chunk
+        self.chunks = 0  # chunks the prefetch thread read for it
+        self.fetched_to = start  # the end of the furthest of them
+        self.gone = False
+        self._late = late  # the hook's count of chunks read for requests after they left
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            if self.gone:
+                self._late[0] += 1
+            else:
+                self.chunks += 1
+                self.fetched_to = max(self.fetched_to, min(len(self), index.stop if index.stop is not None
+                                                           else len(self)))
+        return super().__getitem__(index)
 
 
 class PromptHook:
@@ -52,38 +87,90 @@ class PromptHook:
 
     def __init__(self, prefetcher):
         self.prefetcher = prefetcher
-        self._prompts: dict[str, Sequence[int]] = {}  # requests still prefilling -> their prefill tokens
+        self._prompts: dict[str, _Prompt] = {}  # requests still prefilling -> their prefill tokens
+        self._late = [0]  # chunks read for a request after it left (the prefetcher drops them: must stay 0)
+        self.done = 0  # prefills that ran to their end
+        self.done_tokens = 0  # their prompt tokens from where each started (a prefix-cache hit is not fetched)
+        self.unfinished = 0  # requests that left with their prefill unfinished (aborted, preempted)
+        self.unfinished_tokens = 0  # the tokens of theirs fetched by the time they left
+        self._reported = 0.0
 
-    def _schedule(self, req_id: str, tokens: Sequence[int], computed: int, scheduled: int) -> None:
-        if computed >= len(tokens):  # prefill done (decode, or the last chunk was computed)
-            if self._prompts.pop(req_id, None) is not None:
-                self.prefetcher.finished(req_id)
+    @property
+    def late_chunks(self) -> int:
+        """Chunks the prefetch thread read for a request after the hook told it the request had left."""
+        return self._late[0]
+
+    def _leave(self, req_id: str, why: str) -> None:
+        """Request ``req_id`` left the prefill (``why``: done, finished, preempted, re-added): the prefetcher drops
+        its queued chunks; then the log (see the module docstring)."""
+        prompt = self._prompts.pop(req_id, None)
+        if prompt is None:
+            return
+        self.prefetcher.finished(req_id)
+        prompt.gone = True
+        unfinished = prompt.scheduled_to < len(prompt)
+        if unfinished:
+            self.unfinished += 1
+            self.unfinished_tokens += prompt.fetched_to - prompt.start
+            log.info("PLE prompt-ahead prefetch: request %s left (%s) with its prefill unfinished, scheduled to "
+                     "token %d of %d (from %d): %d chunk(s) of it fetched, to token %d", req_id, why,
+                     prompt.scheduled_to, len(prompt), prompt.start, prompt.chunks, prompt.fetched_to)
+        else:
+            self.done += 1
+            self.done_tokens += len(prompt) - prompt.start
+        now = time.monotonic()
+        if unfinished or now - self._reported >= REPORT_EVERY_S:
+            self._reported = now
+            log.info("%s", self.activity_line())
+
+    def activity_line(self) -> str:
+        """What the prefetcher did and what the row caches saw (the counters since the hook was built)."""
+        s = self.prefetcher.stats
+        totals: dict[str, int] = {}
+        for _, cache in self.prefetcher.layers:
+            for k, v in cache.stats.items():
+                totals[k] = totals.get(k, 0) + v
+        hits, lookups = totals.get("hits", 0), totals.get("lookups", 0)
+        prompts = list(self._prompts.values())
+        in_flight = sum(p.fetched_to - p.start for p in prompts)
+        return (f"PLE prompt-ahead prefetch: {s.chunks_fetched} chunk(s) fetched ({s.tokens_fetched} tokens) of "
+                f"{s.chunks_queued} queued, {s.chunks_dropped} dropped, {s.scheduled_calls} scheduled call(s), busy "
+                f"{s.seconds_busy:.3f} s; prefills: {self.done} done ({self.done_tokens} tokens), {self.unfinished} "
+                f"left unfinished ({self.unfinished_tokens} tokens fetched), {len(prompts)} in flight ({in_flight} "
+                f"tokens fetched), {self.late_chunks} chunk(s) read after their request left; row caches over "
+                f"{len(self.prefetcher.layers)} layer(s): {totals.get('prefetch_rows', 0)} rows prefetched, {hits} of "
+                f"{lookups} lookups hit "
+                f"({hits / max(lookups, 1):.1%}), {totals.get('prefetch_hits', 0)} on prefetched rows, "
+                f"{totals.get('rows_read', 0)} rows read from disk" + (f"; errors: {s.errors}" if s.errors else ""))
+
+    def _schedule(self, req_id: str, prompt: _Prompt, computed: int, scheduled: int) -> None:
+        if computed >= len(prompt):  # prefill done (decode, or the last chunk was computed)
+            prompt.scheduled_to = max(prompt.scheduled_to, computed)
+            self._leave(req_id, "done")
             return
         if scheduled > 0:
-            self.prefetcher.scheduled(req_id, tokens, computed, computed + scheduled)
+            prompt.scheduled_to = min(len(prompt), computed + scheduled)
+            self.prefetcher.scheduled(req_id, prompt, computed, computed + scheduled)
 
     def step(self, scheduler_output) -> None:
         """The runner applied ``scheduler_output`` (vLLM's ``SchedulerOutput``); queue its prefills."""
-        gone = set(scheduler_output.finished_req_ids)
-        if scheduler_output.preempted_req_ids:
-            gone |= scheduler_output.preempted_req_ids  # V2 removes them; a resumed one comes back as new
-        for req_id in gone:
-            if self._prompts.pop(req_id, None) is not None:
-                self.prefetcher.finished(req_id)
+        for req_id in scheduler_output.finished_req_ids:
+            self._leave(req_id, "finished")
+        for req_id in scheduler_output.preempted_req_ids or ():
+            self._leave(req_id, "preempted")  # V2 removes them; a resumed one comes back as new
         counts = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             tokens = new.prefill_token_ids if new.prefill_token_ids is not None else new.prompt_token_ids
             if tokens is None:  # prompt embeddings: no token ids to hash
                 continue
-            if self._prompts.pop(new.req_id, None) is not None:  # re-added (streaming input): start afresh
-                self.prefetcher.finished(new.req_id)
-            self._prompts[new.req_id] = tokens
-            self._schedule(new.req_id, tokens, new.num_computed_tokens, counts.get(new.req_id, 0))
+            self._leave(new.req_id, "re-added")  # streaming input: start afresh
+            prompt = self._prompts[new.req_id] = _Prompt(tokens, new.num_computed_tokens, self._late)
+            self._schedule(new.req_id, prompt, new.num_computed_tokens, counts.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
-            tokens = self._prompts.get(req_id)
-            if tokens is not None:
-                self._schedule(req_id, tokens, computed, counts.get(req_id, 0))
+            prompt = self._prompts.get(req_id)
+            if prompt is not None:
+                self._schedule(req_id, prompt, computed, counts.get(req_id, 0))
 
     @property
     def tracked(self) -> int:

@@ -51,21 +51,21 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.period = pid, period
         self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._t0 = time.monotonic()
         first = rss_kib(pid)  # the baseline: taken before the thread (and any request) starts
         if first is not None:
             self.samples.append((0.0, first))
 
     def run(self) -> None:
-        while not self._stop.wait(self.period):
+        while not self._halt.wait(self.period):
             kib = rss_kib(self.pid)
             if kib is None:
                 return
             self.samples.append((time.monotonic() - self._t0, kib))
 
     def stop(self) -> dict:
-        self._stop.set()
+        self._halt.set()
         self.join(5)
         kib = [k for _, k in self.samples]
         return {"pid": self.pid, "samples": len(kib), "baseline_kib": kib[0] if kib else None,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from . import LOGGER_NAME, env, post_import
 
@@ -78,7 +79,7 @@ def refuse_rocm(module) -> None:
 
 def activate(settings: env.PleSettings) -> None:
     """Guard and preflight (fatal on any error finding), then arm the swap."""
-    from sglang_ssd_stream.findings import WARNING
+    from sglang_ssd_stream.findings import OK, WARNING
     from sglang_ssd_stream.patching.guard import verdict
 
     from . import doctor, runtime_guard
@@ -88,6 +89,9 @@ def activate(settings: env.PleSettings) -> None:
     for f in findings:
         if f.level == WARNING:
             log.warning("vllm-ple-offload: %s", f.line())
+        elif f.level == OK and f.check == "source":  # the evidence, per process, that the guard ran and passed:
+            # printed, as SGLang's plugin does, since vLLM sets up logging in the API server after plugins run
+            print(f"vllm-ple-offload plugin: pid {os.getpid()}: {f.line()}", file=sys.stderr, flush=True)
     doctor.raise_on_errors(findings)
     guard = runtime_guard.checks()
     then = {NVIDIA_MODULE: install_nvidia(settings), AMD_MODULE: refuse_rocm}

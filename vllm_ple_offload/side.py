@@ -25,6 +25,7 @@ SIDE = EngineSide(
     # PLE IPC across processes fails with pidfd_getfd EPERM under expandable segments (write-up 002).
     forbidden_env=(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),),
     install_hint=INSTALL_FIX,
+    overlong="refuse",  # vLLM 0.33 answers a prompt over --max-model-len with HTTP 400 (no auto-truncate)
     # Inherited VLLM_PLE_* (and vLLM's plugin allowlist) change what the plugin does: the printed command shows them.
     shown_env=(env.PREFIX, env.PLUGINS_ENV),
     # The streamed backends' fetch pool: serve sizes it to the CPU quota when the launch streams and leaves it unset.

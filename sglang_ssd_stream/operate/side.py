@@ -29,6 +29,7 @@ class EngineSide:
     forbidden_env: tuple[tuple[str, str], ...] = ()  # inherited (variable, value) pairs a launch refuses
     draft_option: bool = False  # serve/service take --draft (a separate MTP directory)
     update_model: bool = False  # the prepared-snapshot updater (write-up 000) applies
+    overlong: str = "truncate"  # a prompt over the window: truncated (SGLang) or refused with 400 (vLLM)
     install_hint: str = ""  # how to get the engine into the runtime when it is missing
     # Reader-thread variables serve sizes to the CPU budget (checks/host.py): (variable, the engine's default
     # when unset, or None when the knob only applies where the launch sets it).

@@ -54,7 +54,8 @@ def cmd_validate(args) -> int:
                         soak_tokens=args.soak_tokens, continue_tokens=args.continue_tokens,
                         compact_tokens=args.compact_tokens, turn_tokens=args.turn_tokens,
                         canary_tokens=args.canary_tokens, kv_zero_wait_s=args.kv_wait,
-                        lengths=tuple(args.lengths) if args.lengths else None, progress=not args.quiet)
+                        lengths=tuple(args.lengths) if args.lengths else None, progress=not args.quiet,
+                        overlong=args.side.overlong)
     results = run_validation(args.url, args.model, settings, suites=suites, out_dir=args.out,
                              api_key=read_api_key(args), timeout_s=args.timeout)
     for name, r in results["suites"].items():

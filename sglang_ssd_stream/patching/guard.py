@@ -83,6 +83,16 @@ class Verdict:
         return out
 
 
+def _file_listing(f, release: str | None) -> str:
+    """``path=state``; an unknown file also says what was found and what this kit expects there."""
+    if f.state != UNKNOWN:
+        return f"{f.entry.path}={f.state}"
+    found = f.detail or f"SHA-256 {f.sha256}"
+    also = f", matches {', '.join(f.matches)}" if f.matches else ""
+    return (f"{f.entry.path}=unknown ({found}{also}; {release} expects pristine {f.entry.pristine} or patched "
+            f"{f.entry.patched})")
+
+
 def verdict(engine_name: str, *, python: str | None = None, site_packages: Path | None = None,
             root: Path | None = None) -> Verdict:
     """The verdict on ``engine_name`` as this process imports it (default), as ``python`` imports it,
@@ -102,7 +112,11 @@ def verdict(engine_name: str, *, python: str | None = None, site_packages: Path 
     except KitError as exc:
         return Verdict(engine_name, NO_VERDICT, None, exc.message)
     states = {f.state for f in report.files}
-    listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
+    listing = ", ".join(_file_listing(f, report.target.release) for f in report.files)
+    if states & {UNKNOWN}:
+        from .manifest import known_manifests
+
+        listing += f"; releases this kit knows: {', '.join(m.release for m in known_manifests(engine, root))}"
     if report.pending_recovery:
         state = PENDING
         listing = f"{report.pending_reason}; {listing}"

@@ -33,8 +33,11 @@ def test_unknown_source_state_refuses_to_start(unknown_source):
     assert sc.results["sha256"] not in (status["pristine"], status["patched"])
     # the server's refusal, in the API server (the launcher), before vLLM started the engine core
     refusal = sc.grep(r"^vllm-ple-offload plugin: PreflightFailed: PLE preflight failed:$")
+    # the file, the hash found, what the release expects and the releases the kit knows
     verdict = sc.grep(rf"^\[error\] source: vllm {re.escape(RELEASE)} files match no state this kit knows "
-                      rf"\({re.escape(PATCH_TARGET)}=unknown\)$")
+                      rf"\({re.escape(PATCH_TARGET)}=unknown \(SHA-256 {sc.results['sha256']}; {RELEASE} expects "
+                      rf"pristine {status['pristine']} or patched {status['patched']}\); releases this kit knows: "
+                      rf"{re.escape(RELEASE)}\)$")
     fix = sc.grep(rf"fix: reinstall the engine as released \(pip install --force-reinstall --no-deps "
                   rf"vllm=={re.escape(RELEASE)}\), then vllm-ple-offload patch apply")
     assert refusal and verdict and fix, sc.log[-4000:]
@@ -57,6 +60,8 @@ def test_patched_copy_serves_without_the_escape_hatch(patched_chunked):
     for role, pid in pids.items():
         # each process ran the plugin's guard, then its checks (whose warnings it logs), and was not refused
         assert sc.grep(r"vllm-ple-offload: \[warning\] uva: ", pid), f"{role} (pid {pid})\n{sc.log[-3000:]}"
+        # and says, with its pid, the guard's patched verdict
+        assert f"vllm-ple-offload plugin: pid {pid}: [ok] source: vllm {RELEASE}: 1 file(s) patched" in sc.log, role
     assert "UNPATCHED" not in sc.log and "VLLM_PLE_ALLOW_UNPATCHED" not in sc.log
     assert "RefusedSourceState" not in sc.log
     for role in ("api_server", "worker"):  # the runtime guard passed where the model module is imported

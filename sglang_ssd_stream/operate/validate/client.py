@@ -28,6 +28,7 @@ class Reply:
     token_ids: list | None = None
     tokens: list | None = None
     logprobs: list | None = None
+    status: int | None = None  # the HTTP status of a refused request (e.g. 400)
 
     def brief(self) -> dict:
         d = asdict(self)
@@ -121,7 +122,8 @@ class Client:
                 return self._stream(kwargs, t0, on_chunk)
             resp = self._oa.chat.completions.create(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a Reply (see module docstring)
-            return Reply(ok=False, error=f"{type(exc).__name__}: {exc}"[:500], latency_s=time.monotonic() - t0)
+            return Reply(ok=False, error=f"{type(exc).__name__}: {exc}"[:500], latency_s=time.monotonic() - t0,
+                         status=getattr(exc, "status_code", None))
         choice = resp.choices[0] if resp.choices else None
         if choice is None:
             return Reply(ok=False, error="no choices in response", latency_s=time.monotonic() - t0)

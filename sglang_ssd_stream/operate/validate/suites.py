@@ -44,6 +44,10 @@ class Settings:
     turn_tokens: int = 512
     canary_tokens: int = 256
     kv_zero_wait_s: float = 30.0
+    # what the engine does with a prompt over the window: "truncate" (SGLang with --allow-auto-truncate, the
+    # kit's profiles: it must finish with the client's budget) or "refuse" (vLLM 0.33 has no auto-truncate: a
+    # clean HTTP 400 naming the limit, never a hang)
+    overlong: str = "truncate"
     seed: int = 1184
     progress: bool = True
 
@@ -197,8 +201,13 @@ def truncation(run: Run) -> dict:
         checks.append({"check": name, "status": "skipped" if (r.error or "").startswith("skipped") else
                        ("pass" if ok else "fail"), "detail": detail})
 
-    add("request finished", r.ok, r.error or f"finish_reason={r.finish_reason}")
-    if r.ok:
+    if s.overlong == "refuse":
+        add("refused with HTTP 400", r.status == 400, r.error or f"accepted: finish_reason={r.finish_reason}")
+        add("the refusal names the window", r.status == 400 and str(s.context_length) in (r.error or ""),
+            (r.error or "")[:300])
+    else:
+        add("request finished", r.ok, r.error or f"finish_reason={r.finish_reason}")
+    if r.ok and s.overlong != "refuse":
         add("finish_reason=length", r.finish_reason == "length", f"finish_reason={r.finish_reason}")
         add("output budget kept", r.completion_tokens == s.truncation_max_tokens,
             f"completion_tokens={r.completion_tokens}, max_tokens={s.truncation_max_tokens}")

@@ -70,6 +70,8 @@ typedef struct rc_cache {
     uint8_t *rows; /* the caller's; NULL in simulation */
     uint32_t *keys; /* this rank's row (id - vocab_start): every id of the range fits, so this is the full id */
     uint8_t *state; /* RC_STATE_MASK | RC_IN_MAIN | RC_PREFETCHED | the policy's count (RC_FREQ_*) */
+    uint16_t *hits; /* lookups of the slot's row since it was cached (saturating; halved by rc_hottest's aging):
+                     * the hot file's ranking, 2 bytes a slot inside the budget (rc_metadata_bytes) */
     int32_t *next, *prev; /* queue links; prev only for LRU */
     int32_t *index;
     int64_t index_cap;
@@ -319,6 +321,7 @@ static int32_t reserve(rc_cache_t *c, uint32_t key, int prefetch) {
     }
     c->keys[s] = key;
     c->state[s] = RC_FILLING | (prefetch ? RC_PREFETCHED : 0);
+    c->hits[s] = prefetch ? 0 : 1; /* a demand miss is a lookup of the row too */
     index_insert(c, key, s);
     policy_insert(c, s, key);
     c->stats[ST_INSERTS]++;
@@ -457,6 +460,7 @@ static void count_hit(rc_cache_t *c, int32_t s) {
         c->stats[ST_PREFETCH_HITS]++;
     }
     policy_hit(c, s);
+    if (c->hits[s] != UINT16_MAX) c->hits[s]++;
     c->stats[ST_HITS]++;
 }
 
@@ -786,7 +790,7 @@ out:
 
 int64_t rc_metadata_bytes(int64_t capacity, int32_t policy, double s3_ghost_fraction) {
     const int64_t index_cap = capacity + capacity / 2 + 1;
-    int64_t b = (int64_t)sizeof(rc_cache_t) + capacity * (4 + 1 + 4) + index_cap * 4;
+    int64_t b = (int64_t)sizeof(rc_cache_t) + capacity * (4 + 1 + 4 + 2) + index_cap * 4;
     if (policy == RC_LRU) b += capacity * 4;
     if (policy == RC_S3FIFO) {
         const int64_t gen = (int64_t)(s3_ghost_fraction * (double)capacity) + 1, bits = gen * 8 + 64;
@@ -862,10 +866,11 @@ rc_cache_t *rc_create(uint8_t *rows, const rc_config_t *cfg, char *err, int64_t 
     if (c->s_target < 1) c->s_target = 1;
     c->keys = malloc((size_t)capacity * 4);
     c->state = calloc((size_t)capacity, 1);
+    c->hits = calloc((size_t)capacity, 2);
     c->next = malloc((size_t)capacity * 4);
     c->index = malloc((size_t)c->index_cap * 4);
     if (policy == RC_LRU) c->prev = malloc((size_t)capacity * 4);
-    if (!c->keys || !c->state || !c->next || !c->index || (policy == RC_LRU && !c->prev)) goto oom;
+    if (!c->keys || !c->state || !c->hits || !c->next || !c->index || (policy == RC_LRU && !c->prev)) goto oom;
     if (policy == RC_S3FIFO) {
         /* two generations of ghost_fraction x capacity: they remember the last 1-2 x that many evictions */
         c->ghost_gen = (int64_t)(s3_ghost_fraction * (double)capacity) + 1;
@@ -904,6 +909,7 @@ void rc_free(rc_cache_t *c) {
     if (!c) return;
     free(c->keys);
     free(c->state);
+    free(c->hits);
     free(c->next);
     free(c->prev);
     free(c->index);
@@ -941,6 +947,89 @@ void rc_contains(rc_cache_t *c, const int64_t *ids, int64_t n, uint8_t *res) {
         res[i] = s != RC_NIL && st(c, s) == RC_VALID;
     }
     pthread_mutex_unlock(&c->lock);
+}
+
+/* ------------------------------------------------------------------ the hot set */
+
+typedef struct {
+    uint64_t order; /* (65535 - count) << 32 | key: ascending = most looked up first, then the lower id */
+    int64_t slot;
+} rc_rank_t;
+
+static int by_order(const void *a, const void *b) {
+    const uint64_t x = ((const rc_rank_t *)a)->order, y = ((const rc_rank_t *)b)->order;
+    return x < y ? -1 : x > y;
+}
+
+/* The (at most) k cached rows looked up most often, most first (ties: the lower id first): their ids, their
+ * bytes (when rows_out is not NULL) and counts; returns how many, -1 without memory. A histogram of the
+ * counts finds the lowest count that makes the cut, so only the candidates (k plus that count's ties) are
+ * sorted: O(capacity + 2^16 + m log m) under the lock, then k row copies. With `age`, every count is halved
+ * afterwards, so a later call ranks recent lookups above old ones. A slot being filled is skipped. */
+int64_t rc_hottest(rc_cache_t *c, int64_t k, int64_t *ids_out, uint8_t *rows_out, uint16_t *counts_out, int32_t age) {
+    int64_t *hist = calloc(65536, sizeof *hist), m = 0, n = 0, cut = 1;
+    if (!hist) return -1;
+    pthread_mutex_lock(&c->lock);
+    for (int64_t s = 0; s < c->capacity; s++)
+        if (st(c, (int32_t)s) == RC_VALID && c->hits[s]) hist[c->hits[s]]++;
+    for (int64_t f = 65535, have = 0; f >= 1; f--) {
+        have += hist[f];
+        if (have >= k) {
+            cut = f;
+            break;
+        }
+    }
+    for (int64_t f = cut; f <= 65535; f++) m += hist[f];
+    rc_rank_t *r = m ? malloc((size_t)m * sizeof *r) : NULL;
+    if (m && !r) {
+        pthread_mutex_unlock(&c->lock);
+        free(hist);
+        return -1;
+    }
+    int64_t j = 0;
+    for (int64_t s = 0; s < c->capacity && j < m; s++)
+        if (st(c, (int32_t)s) == RC_VALID && c->hits[s] >= cut)
+            r[j++] = (rc_rank_t){((uint64_t)(65535 - c->hits[s]) << 32) | c->keys[s], s};
+    qsort(r, (size_t)j, sizeof *r, by_order);
+    for (n = 0; n < j && n < k; n++) {
+        const int64_t s = r[n].slot;
+        ids_out[n] = (int64_t)c->keys[s] + c->vocab_start;
+        if (counts_out) counts_out[n] = c->hits[s];
+        if (rows_out && c->rows)
+            memcpy(rows_out + n * c->row_bytes, c->rows + s * c->row_bytes, (size_t)c->row_bytes);
+    }
+    if (age)
+        for (int64_t s = 0; s < c->capacity; s++) c->hits[s] >>= 1;
+    pthread_mutex_unlock(&c->lock);
+    free(r);
+    free(hist);
+    return n;
+}
+
+/* Put rows the caller has already checked (a verified hot file) into the cache without reading the disk:
+ * each id of this rank not cached yet takes a slot as a prefetch would (same policy and eviction), its bytes
+ * copied from `rows`, its count from `counts` (NULL: 0). Stops at the first row the cache cannot place (every
+ * slot busy). Returns how many were placed, or -1 when the cache is closed or failed. */
+int64_t rc_admit(rc_cache_t *c, const int64_t *ids, const uint8_t *rows, const uint16_t *counts, int64_t n) {
+    int64_t placed = 0;
+    pthread_mutex_lock(&c->lock);
+    if (c->closed || c->failed) {
+        pthread_mutex_unlock(&c->lock);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < c->vocab_start || ids[i] >= c->vocab_end) continue;
+        const uint32_t key = local_key(c, ids[i]);
+        if (find(c, key) != RC_NIL) continue;
+        const int32_t s = reserve(c, key, 1);
+        if (s == RC_NIL) break;
+        if (c->rows) memcpy(c->rows + (int64_t)s * c->row_bytes, rows + i * c->row_bytes, (size_t)c->row_bytes);
+        c->hits[s] = counts ? counts[i] : 0;
+        c->state[s] = (uint8_t)((c->state[s] & ~RC_STATE_MASK) | RC_VALID);
+        placed++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return placed;
 }
 
 /* ------------------------------------------------------------------ as a CUDA host function */

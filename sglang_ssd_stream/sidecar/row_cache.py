@@ -149,6 +149,10 @@ def load() -> ctypes.CDLL:
         lib.rc_occupancy.restype = None
         lib.rc_contains.argtypes = [_P, _P, _I64, _P]
         lib.rc_contains.restype = None
+        lib.rc_hottest.argtypes = [_P, _I64, _P, _P, _P, _I32]
+        lib.rc_hottest.restype = _I64
+        lib.rc_admit.argtypes = [_P, _P, _P, _P, _I64]
+        lib.rc_admit.restype = _I64
         lib.rc_host_read.argtypes = [_P]
         lib.rc_host_read.restype = None
         lib.rc_test_start.argtypes = [_P, _P]
@@ -435,6 +439,47 @@ class RowCache:
         finally:
             self._exit()
         return res.astype(bool)
+
+    # ------------------------------------------------------------------ the hot set
+
+    def hottest(self, k: int, *, age: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The (at most) ``k`` cached rows looked up most often, most first (ties: the lower id): global ids
+        (int64), their bytes (uint8 ``[n, row_bytes]``) and lookup counts (uint16, saturating). Rows only
+        prefetched and never looked up are not among them. ``age`` halves every count afterwards, so the next
+        call ranks recent lookups first. One pass over the cache's metadata under its lock."""
+        k = max(0, int(k))
+        ids, rows, counts = np.empty(k, np.int64), np.empty((k, self.row_bytes), np.uint8), np.empty(k, np.uint16)
+        self._enter()
+        try:
+            n = self._lib.rc_hottest(self._c, k, ids.ctypes.data, rows.ctypes.data, counts.ctypes.data, int(age))
+        finally:
+            self._exit()
+        if n < 0:
+            raise MemoryError(f"PLE row cache for {self.table.file}: no memory to rank its rows")
+        return ids[:n], rows[:n], counts[:n]
+
+    def admit(self, ids: np.ndarray, rows: np.ndarray, counts: np.ndarray | None = None) -> int:
+        """Place rows the caller has verified (a hot file checked against the sidecar) into the cache without
+        reading the disk, in order, as a prefetch would place them (same policy; rows already cached and other
+        ranks' rows are skipped); stops when no slot is free. Returns how many were placed."""
+        ids = np.ascontiguousarray(check_ids(ids, self.table, self.total_rows))
+        rows = np.ascontiguousarray(rows, dtype=np.uint8)
+        check_out(rows, ids.shape[0], self.row_bytes)
+        if counts is not None:
+            counts = np.ascontiguousarray(counts, dtype=np.uint16)
+            if counts.shape != ids.shape:
+                raise ValueError(f"counts must be uint16 [{ids.shape[0]}], got {counts.shape}")
+        self._enter()
+        try:
+            n = self._lib.rc_admit(self._c, ids.ctypes.data, rows.ctypes.data,
+                                   None if counts is None else counts.ctypes.data, ids.size)
+        finally:
+            self._exit()
+        if n < 0:
+            self._check_usable()
+            raise SidecarReaderUnusable(f"PLE row cache for {self.table.file} refused the rows",
+                                        path=str(self.table.file))
+        return int(n)
 
     # ------------------------------------------------------------------ CUDA host node
 

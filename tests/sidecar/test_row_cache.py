@@ -559,3 +559,62 @@ def test_the_config_object_reaches_the_c_cache(table):
         assert c.stats["hits"] == 1  # the second lookup, served from the cache
     with pytest.raises(ValueError, match="row cache policy 'arc'"):
         RowCacheConfig(policy="arc")
+
+
+# ----------------------------------------------------------------------------- the hot set (issue 27 item 1)
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_hottest_ranks_rows_by_lookups_then_id(table, policy):
+    """Bounded per-row lookup counts: the rows looked up most, most first, ties by the lower id; rows only
+    prefetched and never looked up are not hot."""
+    with cache_of(table, 100, policy=policy) as c:
+        for ids in ([5, 7, 9, 20, 10], [5, 7], [5]):
+            read(c, ids)
+        c.prefetch(np.array([11, 12], np.int64))
+        ids, rows, counts = c.hottest(10)
+        assert ids.tolist() == [5, 7, 9, 10, 20] and counts.tolist() == [3, 2, 1, 1, 1]
+        np.testing.assert_array_equal(rows, expect(ids, 0, ROWS))
+        assert c.hottest(2)[0].tolist() == [5, 7] and c.hottest(0)[0].size == 0
+        c.hottest(10, age=True)  # halves every count: recent lookups outrank old ones afterwards
+        read(c, [20])
+        ids, _, counts = c.hottest(10)
+        assert ids.tolist() == [5, 7, 20] and counts.tolist() == [1, 1, 1]
+
+
+def test_hot_counts_saturate(table):
+    with cache_of(table, 8) as c:
+        out = np.empty((1, RB), np.uint8)
+        for _ in range(65_600):
+            c.read_rows(np.array([3], np.int64), out)
+        assert c.hottest(1)[2].tolist() == [65_535]
+
+
+def test_admit_places_verified_rows_without_reading_the_disk(table):
+    with cache_of(table, 100) as hot:
+        for ids in ([5, 7, 9], [5, 7], [5]):
+            read(hot, ids)
+        ids, rows, counts = hot.hottest(100)
+    with cache_of(table, 100, lo=0, hi=8) as c:  # a rank holding rows [0, 8): row 9 is another rank's
+        assert c.admit(ids, rows, counts) == 2
+        assert c.contains(np.array([5, 7, 9], np.int64)).tolist() == [True, True, False]
+        assert c.stats["rows_read"] == 0
+        np.testing.assert_array_equal(read(c, [5, 7]), expect([5, 7], 0, 8))
+        assert c.stats["rows_read"] == 0 and c.stats["hits"] == 2
+        got_ids, _, got_counts = c.hottest(10)
+        assert got_ids.tolist() == [5, 7] and got_counts.tolist() == [4, 3]  # the file's counts, then this lookup
+        assert c.admit(ids[:1], rows[:1]) == 0  # already cached: left alone
+    with cache_of(table, 2) as small:  # placed as a prefetch places rows: a full cache evicts as it would
+        assert small.admit(np.arange(3, dtype=np.int64), expect(np.arange(3), 0, ROWS)) == 3
+        assert small.contains(np.arange(3, dtype=np.int64)).sum() == 2
+
+
+def test_admit_refuses_bad_shapes_and_a_closed_cache(table):
+    c = cache_of(table, 10)
+    with pytest.raises(ValueError):
+        c.admit(np.array([1, 2], np.int64), np.zeros((1, RB), np.uint8))
+    with pytest.raises(ValueError, match="counts"):
+        c.admit(np.array([1], np.int64), np.zeros((1, RB), np.uint8), np.zeros(2, np.uint16))
+    c.close()
+    with pytest.raises(SidecarReaderUnusable):
+        c.admit(np.array([1], np.int64), np.zeros((1, RB), np.uint8))

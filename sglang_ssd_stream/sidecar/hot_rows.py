@@ -1,0 +1,117 @@
+"""A process's hot rows across restarts (issue 27): the row caches' most-looked-up rows go to the hot file
+(:mod:`.hot_file`) periodically and at a clean shutdown, and come back into the caches, in one sequential read,
+before the first request of the next start.
+
+Both engines use it the same way: build one :class:`HotRows` over the process's row caches (one per PLE layer,
+all of one row range), :meth:`~HotRows.load` it once, :meth:`~HotRows.start` the periodic writer. A hot file that
+is missing or fails any check is ignored with one warning line (the reader's); a write that fails (disk full,
+read-only data directory) is one warning line and the server goes on. Loaded rows are placed with a lookup count
+of 1: they stay hot while the traffic uses them, and age out of the next files when it does not.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import KitError
+from .hot_file import hot_file_path, read_hot_file, write_hot_file
+
+log = logging.getLogger(__name__)
+
+
+class HotRows:
+    """``caches``: ``{layer: RowCache}`` of one process (one row range); ``share``: the part of each cache the
+    hot file may fill at start and hold (0 < share <= 1); ``interval_s``: seconds between writes (0: only at a
+    clean shutdown); ``role``: this process's name among those sharing the range (DP replicas)."""
+
+    def __init__(self, manifest, caches: dict, *, share: float, interval_s: float, role: str,
+                 path: str | Path | None = None):
+        if not caches:
+            raise ValueError("no row cache to keep hot")
+        ranges = {(c.vocab_start, c.vocab_end) for c in caches.values()}
+        if len(ranges) != 1:
+            raise ValueError(f"the row caches of one process cover different row ranges: {sorted(ranges)}")
+        if not 0 < share <= 1:
+            raise ValueError(f"hot share {share}: expected 0 < share <= 1")
+        self.manifest, self.caches, self.share = manifest, dict(caches), float(share)
+        self.row_range = ranges.pop()
+        self.interval_s = float(interval_s)
+        self.path = Path(path) if path is not None else hot_file_path(manifest, self.row_range, role)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one write at a time (the periodic one and the shutdown one)
+        self._thread: threading.Thread | None = None
+        self.loaded_rows = 0
+        self.written: int | None = None  # rows in the last file written
+
+    def _rows_per_layer(self, cache) -> int:
+        return int(cache.capacity * self.share)
+
+    def load(self) -> int:
+        """Read the hot file (one sequential pass, at most the share of every cache) into the caches; returns
+        the rows placed (0 when the file is missing or refused: one warning line says why)."""
+        budget = sum(self._rows_per_layer(c) * (c.row_bytes + 8) for c in self.caches.values())
+        t0 = time.monotonic()
+        got = read_hot_file(self.path, self.manifest, self.row_range, budget)
+        if got is None:
+            return 0
+        placed = 0
+        for layer, (ids, rows) in got.layers.items():
+            cache = self.caches.get(layer)
+            if cache is None:
+                continue  # a layer this process does not cache (it has fewer PLE layers bound)
+            n = min(ids.size, self._rows_per_layer(cache))
+            placed += cache.admit(ids[:n], rows[:n], np.ones(n, np.uint16))
+        seconds = time.monotonic() - t0
+        self.loaded_rows = placed
+        log.info("PLE hot file %s: %d rows into %d layer(s) in %.2f s (%.0f MiB/s)%s", self.path, placed,
+                 len(got.layers), seconds, got.nbytes / max(seconds, 1e-9) / 2**20,
+                 "; the share left rows of it out" if got.cut else "")
+        return placed
+
+    def write(self) -> int | None:
+        """The caches' hottest rows (each layer's share) to the hot file, atomically; their counts are halved,
+        so the next file ranks recent lookups first. Returns the rows written, None when the write failed (one
+        warning line; the old file stays)."""
+        with self._lock:
+            try:
+                layers = {}
+                for layer, cache in self.caches.items():
+                    ids, rows, _ = cache.hottest(self._rows_per_layer(cache), age=True)
+                    if ids.size:
+                        layers[layer] = (ids, rows)
+                if not layers:
+                    return 0
+                write_hot_file(self.path, self.manifest, self.row_range, layers)
+            except (OSError, MemoryError, KitError) as exc:  # disk full, read-only, a cache closed at exit
+                log.warning("PLE hot file %s not written (%s: %s); the server goes on, the next start is colder",
+                            self.path, type(exc).__name__, exc)
+                return None
+            self.written = sum(ids.size for ids, _ in layers.values())
+            return self.written
+
+    def start(self) -> None:
+        """Write every ``interval_s`` (when > 0) on a daemon thread, and once more at a clean exit."""
+        atexit.register(self.close)
+        if self.interval_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ple-hot-file", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.write()
+
+    def close(self) -> None:
+        """Stop the periodic writer and write once more (a clean shutdown); idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.write()
+        atexit.unregister(self.close)

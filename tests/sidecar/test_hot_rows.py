@@ -1,0 +1,126 @@
+"""A process's hot rows across a restart (issue 27 item 1): real row caches over a real sidecar write their
+hottest rows to the hot file and a new set of caches (the next start) gets them back without reading the disk."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from sglang_ssd_stream.sidecar import SidecarReader, load_manifest
+from sglang_ssd_stream.sidecar.hot_rows import HotRows
+from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
+from tests.vllm.synthetic import random_table, write_sidecar
+
+ROWS = 4000
+LAYERS = (2, 5)
+
+
+@pytest.fixture
+def sidecar(tmp_path):
+    tables = {n: random_table(ROWS, 160, n) for n in LAYERS}
+    write_sidecar(tmp_path / "art", {n: ("float8_e4m3fn", t) for n, t in tables.items()})
+    return load_manifest(tmp_path / "art"), tables
+
+
+def _caches(manifest, capacity=1000, lo=0, hi=ROWS):
+    return {n: RowCache(SidecarReader(manifest.table(n), vocab_start=lo, vocab_end=hi, max_rows=4096),
+                        np.zeros((capacity, 160), np.uint8), RowCacheConfig(workers=2))
+            for n in LAYERS}
+
+
+def _look(caches, ids):
+    for c in caches.values():
+        c.read_rows(np.asarray(ids, np.int64), np.empty((len(ids), 160), np.uint8))
+
+
+def test_a_restart_starts_with_the_hot_rows_and_reads_nothing_for_them(sidecar, tmp_path):
+    manifest, tables = sidecar
+    path = tmp_path / "hot" / "p.plehot"
+    first = _caches(manifest)
+    hot_ids = np.arange(100, 400, dtype=np.int64)
+    for _ in range(3):
+        _look(first, hot_ids)
+    _look(first, np.arange(2000, 2600))  # looked up once: colder than the hot ones
+    hot = HotRows(manifest, first, share=0.25, interval_s=0, role="t", path=path)  # 250 rows a layer
+    assert hot.write() == 2 * 250
+    for c in first.values():
+        c.close()
+
+    second = _caches(manifest)  # the next start
+    again = HotRows(manifest, second, share=0.25, interval_s=0, role="t", path=path)
+    assert again.load() == 2 * 250
+    for n, c in second.items():
+        assert c.contains(hot_ids[:250]).all() and not c.contains(np.arange(2000, 2600)).any()
+        out = np.empty((250, 160), np.uint8)
+        c.read_rows(hot_ids[:250], out)
+        np.testing.assert_array_equal(out, tables[n][hot_ids[:250]])  # the right bytes, from no disk read
+        assert c.stats["rows_read"] == 0 and c.stats["hits"] == 250
+        c.close()
+
+
+def test_a_file_of_another_rank_or_a_damaged_one_is_ignored_with_one_warning(sidecar, tmp_path, caplog):
+    manifest, _ = sidecar
+    path = tmp_path / "p.plehot"
+    caches = _caches(manifest)
+    _look(caches, np.arange(50))
+    HotRows(manifest, caches, share=0.5, interval_s=0, role="t", path=path).write()
+    other = _caches(manifest, lo=0, hi=2000)  # another TP range
+    with caplog.at_level(logging.WARNING):
+        assert HotRows(manifest, other, share=0.5, interval_s=0, role="t", path=path).load() == 0
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] and "range" in caplog.records[0].getMessage()
+    raw = bytearray(path.read_bytes())
+    raw[-7] ^= 1  # a row byte
+    path.write_bytes(bytes(raw))
+    caplog.clear()
+    fresh = _caches(manifest)
+    with caplog.at_level(logging.WARNING):
+        assert HotRows(manifest, fresh, share=0.5, interval_s=0, role="t", path=path).load() == 0
+    assert len(caplog.records) == 1 and all(c.contains(np.arange(50)).sum() == 0 for c in fresh.values())
+
+
+def test_a_failed_write_is_one_warning_and_the_server_goes_on(sidecar, tmp_path, caplog):
+    manifest, _ = sidecar
+    caches = _caches(manifest)
+    _look(caches, np.arange(10))
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    hot = HotRows(manifest, caches, share=0.5, interval_s=0, role="t", path=blocked / "p.plehot")
+    with caplog.at_level(logging.WARNING):
+        assert hot.write() is None
+    assert len(caplog.records) == 1 and "not written" in caplog.records[0].getMessage()
+    for c in caches.values():
+        c.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        hot.close()  # at exit, the caches may be closed already: one warning, no exception
+    assert len(caplog.records) == 1
+
+
+def test_the_periodic_writer_writes_and_close_writes_once_more(sidecar, tmp_path):
+    manifest, _ = sidecar
+    caches = _caches(manifest)
+    _look(caches, np.arange(20))
+    path = tmp_path / "p.plehot"
+    hot = HotRows(manifest, caches, share=0.5, interval_s=0.05, role="t", path=path)
+    hot.start()
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.exists()
+    hot.close()
+    assert hot._thread is not None and not hot._thread.is_alive()
+    hot.close()  # idempotent
+
+
+def test_bad_arguments_are_refused(sidecar):
+    manifest, _ = sidecar
+    with pytest.raises(ValueError, match="no row cache"):
+        HotRows(manifest, {}, share=0.5, interval_s=0, role="t")
+    mixed = {2: _caches(manifest)[2], 5: _caches(manifest, lo=0, hi=2000)[5]}
+    with pytest.raises(ValueError, match="different row ranges"):
+        HotRows(manifest, mixed, share=0.5, interval_s=0, role="t")
+    with pytest.raises(ValueError, match="share"):
+        HotRows(manifest, _caches(manifest), share=0, interval_s=0, role="t")

@@ -122,6 +122,13 @@ _SHARED = (
             extra={VLLM: "(refused with `VLLM_PLE_ROW_CACHE_MB=0`; runs in vLLM's V2 model runner)"},
             kwargs=dict(default=PREFETCH_DEFAULT_CHUNKS, lo=0, hi=PREFETCH_MAX_CHUNKS, unit=" chunks",
                         what="an integer number of prefill chunks ahead (e.g. 2; 0: the scheduled chunk only)")),
+    _Shared("HOT_SHARE_PCT", INT, "the hot file ([hot-file.md](hot-file.md)): the part of each row cache, in "
+            "percent, that the process's most-looked-up rows fill at start (read in one sequential pass) and that "
+            "it writes back; `0`: no hot file. Off by default until measured (issue 27)",
+            extra={VLLM: "(with a row cache only)"},
+            kwargs=dict(default=0, lo=0, hi=100, unit=" %", what="an integer percentage 0..100 (0: no hot file)")),
+    _Shared("HOT_INTERVAL_S", INT, "seconds between hot-file writes while serving (a clean shutdown writes once "
+            "more); `0`: only at shutdown", kwargs=dict(default=600, lo=0, hi=86400, unit=" s")),
     _Shared("ALLOW_UNPATCHED", FLAG, "`1` lets the plugin run on a *pristine* (never an unknown) engine, with a "
             "warning", kwargs=dict(default=False)),
 )

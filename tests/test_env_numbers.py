@@ -35,7 +35,7 @@ def test_the_rule_reads_plain_digits():
 @pytest.mark.parametrize("raw", ODD)
 def test_every_numeric_knob_parser_refuses_odd_values_naming_itself(raw):
     numeric = [k for table in knobs.KNOBS.values() for k in table.values() if k.kind == knobs.INT]
-    assert len(numeric) == 10  # 5 per engine
+    assert len(numeric) == 14  # 7 per engine
     for k in numeric:
         with pytest.raises(ValueError, match=k.name):
             k.parse(raw)

@@ -223,6 +223,7 @@ def build(model, *, chunk_tokens: int, settings: env.PleSettings) -> PromptHook 
         old, _hook = _hook, hook
     if old is not None:
         old.close()
+    keep_hot(model, settings)
     log.info("PLE prompt-ahead prefetch: %d layer(s), chunks of %d tokens (vLLM's max_num_batched_tokens), %d chunk(s) "
              "ahead (%s); into row caches of %s in all", len(layers), chunk_tokens, settings.prefetch_chunks,
              env.PREFETCH_CHUNKS, fmt_bytes(sum(cache.working_set_bytes for _, cache in layers)))
@@ -231,6 +232,49 @@ def build(model, *, chunk_tokens: int, settings: env.PleSettings) -> PromptHook 
 
 def current() -> PromptHook | None:
     return _hook
+
+
+_hot = None  # this worker's HotRows (sglang_ssd_stream.sidecar.hot_rows), None when the hot file is off
+
+
+def _role() -> str:
+    """This worker's name among the processes that share a row range (the hot file's ``role``): its device
+    (DP replicas on one host use different GPUs) and its TP and PP ranks."""
+    import torch
+
+    parts = [f"gpu{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"]
+    try:
+        from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
+
+        parts += [f"tp{get_tensor_model_parallel_rank()}", f"pp{get_pp_group().rank_in_group}"]
+    except (AssertionError, ImportError, RuntimeError, AttributeError):  # no distributed groups (tests)
+        pass
+    return "vllm-" + "-".join(parts)
+
+
+def keep_hot(model, settings: env.PleSettings):
+    """Read the hot file into the model's row caches before the first request and keep writing it
+    (``VLLM_PLE_HOT_SHARE_PCT`` > 0; :mod:`sglang_ssd_stream.sidecar.hot_rows`); None when off."""
+    global _hot
+    if not settings.hot_share_pct:
+        return None
+    from sglang_ssd_stream.sidecar.hot_rows import HotRows
+
+    from .embedding import StreamedPLEEmbedding, _manifest
+
+    caches = {inner.table.layer: inner.row_cache for inner in model.modules()
+              if isinstance(inner, StreamedPLEEmbedding) and inner.row_cache is not None}
+    if not caches:
+        return None
+    hot = HotRows(_manifest(str(settings.sidecar)), caches, share=settings.hot_share_pct / 100,
+                  interval_s=settings.hot_interval_s, role=_role())
+    with _lock:
+        old, _hot = _hot, hot
+    if old is not None:
+        old.close()
+    hot.load()
+    hot.start()
+    return hot
 
 
 # ----------------------------------------------------------------------------- installation

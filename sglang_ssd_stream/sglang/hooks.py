@@ -476,6 +476,7 @@ def around_load_weights(original, self, weights, *args, **kwargs):
     self._ssd_stream_spot_checks = stream.checked  # evidence for tests and the log line below
     apply_scales(bound, sidecar, stream.scales_seen)
     start_prefetch(self, bound)
+    self._ssd_stream_hot = keep_hot(bound, sidecar)
     log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped, %d of them spot-checked against "
              "the sidecar", len(bound), stream.dropped, stream.checked)
     _ran("load_weights", "layers %s bound to the sidecar, %d PLE shard tensor(s) skipped, %d spot-checked",
@@ -507,6 +508,39 @@ def start_prefetch(model, bound: dict):
     log.info("PLE prompt-ahead prefetch: %d layer(s), %d chunk(s) of %d tokens ahead (%s)", len(layers), window,
              chunk, config.PREFETCH_ENV)
     return prefetcher
+
+
+def _process_role() -> str:
+    """This scheduler's name among the processes that share a row range (the hot file's ``role``): its device
+    (DP replicas on one host use different GPUs) and its TP and PP ranks."""
+    import torch
+
+    parts = [f"gpu{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"]
+    try:
+        from sglang.srt.distributed import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
+
+        parts += [f"tp{get_tensor_model_parallel_rank()}", f"pp{get_pipeline_model_parallel_rank()}"]
+    except (AssertionError, ImportError, RuntimeError, AttributeError):  # no distributed groups (tests)
+        pass
+    return "sglang-" + "-".join(parts)
+
+
+def keep_hot(bound: dict, sidecar: config.Sidecar):
+    """Read the hot file into the row caches before the first request and keep writing it
+    (``SGLANG_SSD_STREAM_HOT_SHARE_PCT`` > 0 with a row cache; :mod:`..sidecar.hot_rows`); None when off."""
+    from . import settings
+
+    s = settings.current()
+    if not s.row_cache_mb or not s.hot_share_pct or not bound:
+        return None
+    from ..sidecar.hot_rows import HotRows
+
+    caches = {layer: emb._ssd_stream.reader for layer, emb in bound.items()}
+    hot = HotRows(sidecar.manifest, caches, share=s.hot_share_pct / 100, interval_s=s.hot_interval_s,
+                  role=_process_role())
+    hot.load()
+    hot.start()
+    return hot
 
 
 def _capturing() -> bool:

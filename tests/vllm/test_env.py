@@ -225,3 +225,14 @@ def test_the_shared_knobs_are_declared_once_for_both_engines():
         s, v = knob("sglang", suffix), knob("vllm", suffix)
         assert (s.default, s.lo, s.hi, s.unit) == (v.default, v.lo, v.hi, v.unit) and v.name == "VLLM_PLE_" + suffix
     assert {env.ROW_CACHE_MB, env.PREFETCH_CHUNKS} <= set(env.KNOWN) & set(env.STREAMING_ONLY)
+
+
+def test_the_hot_file_needs_a_row_cache():
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_HOT_SHARE_PCT=30 while VLLM_PLE_ROW_CACHE_MB=0: the hot "
+                                               "file fills the row cache, which is off"):
+        env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_HOT_SHARE_PCT": "30"})
+    s = env.read_settings({**STREAM, "VLLM_PLE_HOT_SHARE_PCT": "30", "VLLM_PLE_HOT_INTERVAL_S": "0"})
+    assert (s.hot_share_pct, s.hot_interval_s) == (30, 0)
+    assert env.read_settings(STREAM).hot_share_pct == 0  # off by default
+    with pytest.raises(PleSettingsError, match="only apply to the mmap and pread backends"):
+        env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_HOT_SHARE_PCT": "30"})

@@ -442,3 +442,51 @@ def test_prefetch_off_with_the_cache_off(env, monkeypatch):
     assert prefetch.active() == []
     batch = _batch("EXTEND", [_req("x", list(range(10, 40)))], [0], [30])
     assert _manager().prepare_for_forward(batch, chunked_req=None) is batch
+
+
+# ----------------------------------------------------------------------------- the hot file across a restart
+
+
+def test_a_restart_gets_the_hot_rows_back_before_any_lookup(env, monkeypatch, tmp_path, caplog):
+    """SGLANG_SSD_STREAM_HOT_SHARE_PCT: a clean shutdown writes the hottest rows; the next load of the model
+    (the next start) reads them into the row cache before any lookup, and they serve bit for bit."""
+    import logging
+
+    from sglang_ssd_stream.sidecar.hot_file import read_hot_file
+
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOT_SHARE_PCT", "50")
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOT_INTERVAL_S", "0")
+    plain = _load(env, monkeypatch, "0")
+    lookups = _batches(env.q, plain.ngram, 4, seed=11)
+    expected = [B._gather(plain.ngram.ngram_embedding, ids) for ids in lookups]
+    with caplog.at_level(logging.WARNING, logger="sglang_ssd_stream.sidecar.hot_file"):
+        first = _load(env, monkeypatch, "9")
+    hot = first._ssd_stream_hot
+    assert hot is not None and hot.loaded_rows == 0 and hot.path.parent == tmp_path / "kit" / "hot"
+    lines = [r.getMessage() for r in caplog.records if r.name == "sglang_ssd_stream.sidecar.hot_file"]
+    assert len(lines) == 1 and "missing" in lines[0], lines  # the first start: no file, one line
+    for ids in lookups:
+        B._gather(first.ngram.ngram_embedding, ids)
+    hot.close()  # a clean shutdown
+    cap = first.ngram.ngram_embedding._ssd_stream.reader.capacity
+    assert 0 < hot.written <= cap // 2 and hot.path.is_file()
+    on_disk = read_hot_file(hot.path, hot.manifest, hot.row_range, 1 << 30)
+    (hot_ids, _), = on_disk.layers.values()
+
+    second = _load(env, monkeypatch, "9")
+    cache = second.ngram.ngram_embedding._ssd_stream.reader
+    assert second._ssd_stream_hot.loaded_rows == hot_ids.size
+    assert cache.contains(hot_ids).all() and cache.stats["rows_read"] == 0  # in the cache, nothing read yet
+    got = [B._gather(second.ngram.ngram_embedding, ids) for ids in lookups]
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g.view(torch.int16), e.view(torch.int16))
+    assert cache.stats["hits"] > 0
+    second._ssd_stream_hot.close()
+
+
+def test_the_hot_file_is_off_by_default_and_without_a_row_cache(env, monkeypatch):
+    monkeypatch.delenv("SGLANG_SSD_STREAM_HOT_SHARE_PCT", raising=False)
+    assert _load(env, monkeypatch, "9")._ssd_stream_hot is None
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOT_SHARE_PCT", "50")
+    assert _load(env, monkeypatch, "0")._ssd_stream_hot is None

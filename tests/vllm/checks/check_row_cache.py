@@ -381,3 +381,41 @@ def test_the_wrapped_load_model_builds_the_hook_from_the_loaded_model(tmp_path, 
     assert [c for _, c in hook.prefetcher.layers] == [model.ngram_embedding.row_cache]
     GPUModelRunner().load_model(model=torch.nn.ModuleList([model]))  # a reload replaces (and closes) the old one
     assert prompt_prefetch.current() is not hook and hook.prefetcher._closed
+
+
+# ----------------------------------------------------------------------------- the hot file across a restart
+
+
+def test_a_restarted_worker_gets_its_hot_rows_back(tmp_path, monkeypatch, runners, caplog):
+    """VLLM_PLE_HOT_SHARE_PCT: the hook's build (as the wrapped load_model runs it) reads the hot file into the
+    model's row caches; a clean shutdown writes it; the next worker's caches hold those rows before any lookup
+    and serve them bit for bit."""
+    import logging
+
+    from vllm_ple_offload import embedding, prompt_prefetch
+
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
+    cfg = harness.text_config()
+    _, _, manifest = sidecar(tmp_path, cfg, seed=5)
+    knobs = settings("pread", manifest, "64", VLLM_PLE_HOT_SHARE_PCT="50", VLLM_PLE_HOT_INTERVAL_S="0")
+    harness.load_plugins(monkeypatch, knobs)
+    first = harness.build(cfg)
+    with caplog.at_level(logging.WARNING, logger="sglang_ssd_stream.sidecar.hot_file"):
+        prompt_prefetch.build(torch.nn.ModuleList([first]), chunk_tokens=8, settings=first.ngram_embedding.settings)
+    hot = prompt_prefetch._hot
+    assert hot is not None and hot.loaded_rows == 0 and "missing" in caplog.records[-1].getMessage()
+    expected = lookups(first)
+    hot.close()
+    assert hot.written and hot.path.is_file()
+
+    monkeypatch.setattr(embedding, "_ROW_CACHES", [])
+    second = harness.build(cfg)
+    prompt_prefetch.build(torch.nn.ModuleList([second]), chunk_tokens=8, settings=second.ngram_embedding.settings)
+    again = prompt_prefetch._hot
+    cache = second.ngram_embedding.row_cache
+    assert again is not hot and again.loaded_rows == hot.written and cache.stats["rows_read"] == 0
+    got = lookups(second)
+    for (g, _), (e, _) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+    assert cache.stats["hits"] > 0
+    again.close()

@@ -45,6 +45,10 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_patch_commands(sub, "vllm")
     add_operate_commands(sub, VLLM_SIDE)  # serve, plan, service, validate
+    from sglang_ssd_stream.sidecar.cli import add_profile_command
+
+    sidecar = sub.add_parser("sidecar", help="PLE sidecar tools for vLLM (build and verify: sglang-ssd-stream sidecar)")
+    add_profile_command(sidecar.add_subparsers(dest="verb", required=True, parser_class=Parser), "vllm")
     doctor = sub.add_parser(
         "doctor", help="check this machine and vLLM install for a PLE backend; every problem names its fix",
         description=f"The vLLM PLE plugin's checks on the configuration it would see: the {env.PREFIX}* variables "

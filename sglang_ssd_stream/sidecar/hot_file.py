@@ -8,8 +8,8 @@ loading rows into a cache belong to the row cache and the engines.
 Layout (little-endian; ``docs/hot-file.md`` has the table)::
 
     prefix   magic b"\\x89PLEHOT\\n", u32 version, u32 meta_len, u64 segments            24 bytes
-    meta     strict JSON: format, manifest identity, row_range, block_rows, role, tables [{layer, sha256,
-             row_bytes, count}]                                                         meta_len bytes
+    meta     strict JSON: format, manifest identity, block_rows, role, tables [{layer, sha256, row_bytes,
+             row_range, count}]                                                         meta_len bytes
     digests  SHA-256 of each segment (ids bytes then rows bytes), in file order           32 × segments
     check    SHA-256 of everything above                                                32 bytes
     blocks   block b = for each table (meta order) with rows there: ids int64 [n], rows uint8 [n, row_bytes]
@@ -18,8 +18,9 @@ Layout (little-endian; ``docs/hot-file.md`` has the table)::
 Blocks go rank-major across tables, so any prefix of the file holds every table's hottest rows: a budget cut
 reads a prefix and stops, never skipping forward or back. Trust: the version, then the header checksum, then the
 binding (the sidecar's manifest identity, every table's SHA-256 and row size as the manifest records them, this
-process's row range) are checked before any row is read; each segment's SHA-256 before any row is returned; the
-ids after that (inside the range and the table, no duplicates). Anything else is ``None`` and one warning line.
+process's row range of each table: tables of different sizes split differently over TP ranks) are checked
+before any row is read; each segment's SHA-256 before any row is returned; the ids after that (inside the range
+and the table, no duplicates). Anything else is ``None`` and one warning line.
 
 SHA-256 (``hashlib``, no new dependency; xxhash is not one of ours): hardware-assisted on x86 (SHA-NI) and Arm
 (crypto extensions) where BLAKE2b is not (here, with SHA-NI: 1.1 GiB/s a core against BLAKE2b's 1.0), and the
@@ -54,7 +55,7 @@ from .format import SidecarManifest
 log = logging.getLogger(__name__)
 
 MAGIC = b"\x89PLEHOT\n"  # the high bit and the newline catch 7-bit and text-mode copies
-VERSION = 1
+VERSION = 2  # 2: a row range per table (1 had one range for every table; never released)
 FORMAT = "sglang-ssd-stream-hot"
 SUFFIX = ".plehot"
 HOT_DIR = "hot"
@@ -69,6 +70,7 @@ _ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = np.dtype("<i8")
 
 RowRange = tuple[int, int]
+RowRanges = dict  # {layer: (start, end)}: each table's rows this process serves; a single RowRange means all
 
 
 @dataclass
@@ -77,7 +79,7 @@ class HotSet:
     [n, row_bytes])``, hottest first. ``cut``: the budget left rows of the file out."""
 
     path: Path
-    row_range: RowRange
+    row_range: RowRanges
     layers: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     cut: bool = False
     rows_in_file: int = 0
@@ -114,15 +116,42 @@ def _check_range(row_range: RowRange) -> RowRange:
     return lo, hi
 
 
-def hot_file_path(manifest: SidecarManifest, row_range: RowRange, role: str) -> Path:
+def _ranges(manifest: SidecarManifest, row_range, layers) -> dict[int, RowRange]:
+    """``{layer: (start, end)}`` for ``layers`` from one range (every table) or a mapping (checked)."""
+    if isinstance(row_range, dict):
+        missing = [layer for layer in layers if layer not in row_range]
+        if missing:
+            raise ValueError(f"no row range for layer(s) {missing}")
+        return {layer: _check_range(row_range[layer]) for layer in layers}
+    one = _check_range(row_range)
+    return {layer: one for layer in layers}
+
+
+def _layers(manifest: SidecarManifest, row_range) -> list[int]:
+    """The layers a process serves: a mapping's, else every table's."""
+    return sorted(row_range) if isinstance(row_range, dict) else [t.layer for t in manifest.tables]
+
+
+def _range_tag(ranges: dict[int, RowRange]) -> str:
+    """The file name's part for this process's rows: ``rows<lo>-<hi>`` when every table has one range, else a
+    digest of the per-table ranges."""
+    values = set(ranges.values())
+    if len(values) == 1:
+        lo, hi = values.pop()
+        return f"rows{lo}-{hi}"
+    doc = json.dumps(sorted([layer, lo, hi] for layer, (lo, hi) in ranges.items()), separators=(",", ":"))
+    return "ranges" + hashlib.sha256(doc.encode()).hexdigest()[:12]
+
+
+def hot_file_path(manifest: SidecarManifest, row_range: RowRange | RowRanges, role: str) -> Path:
     """This process's hot file under the kit's data directory: one per sidecar (manifest identity), row range
     (TP rank) and ``role`` (the caller's name for the process, e.g. ``sglang-dp1-tp0``: DP replicas share a
     range, so the role tells them apart). ``role``: 1-64 of ``[A-Za-z0-9._-]``, starting with a letter or digit."""
     if not isinstance(role, str) or not _ROLE.fullmatch(role):
         raise ValueError(f"hot file role {role!r}: expected 1-64 characters of [A-Za-z0-9._-], starting with a "
                          f"letter or digit")
-    lo, hi = _check_range(row_range)
-    return data_dir() / HOT_DIR / f"{manifest_identity(manifest)[:16]}-rows{lo}-{hi}-{role}{SUFFIX}"
+    ranges = _ranges(manifest, row_range, _layers(manifest, row_range))
+    return data_dir() / HOT_DIR / f"{manifest_identity(manifest)[:16]}-{_range_tag(ranges)}-{role}{SUFFIX}"
 
 
 def hottest(ids: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
@@ -151,12 +180,12 @@ def hottest(ids: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- writing
 
 
-def _tables_for(manifest: SidecarManifest, row_range: RowRange,
+def _tables_for(manifest: SidecarManifest, ranges: dict[int, RowRange],
                 rows_by_layer: dict[int, tuple[np.ndarray, np.ndarray]]) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    lo, hi = row_range
     out = []
     for layer in sorted(rows_by_layer):
         t = manifest.table(layer)  # SidecarShapeMismatch for a layer the sidecar lacks
+        lo, hi = ranges[layer]
         ids, rows = rows_by_layer[layer]
         ids = np.ascontiguousarray(ids, dtype=_ID)
         rows = np.ascontiguousarray(rows)
@@ -176,7 +205,7 @@ def _tables_for(manifest: SidecarManifest, row_range: RowRange,
     return out
 
 
-def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range: RowRange,
+def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range: RowRange | RowRanges,
                    rows_by_layer: dict[int, tuple[np.ndarray, np.ndarray]], *, role: str = "",
                    block_rows: int = DEFAULT_BLOCK_ROWS) -> int:
     """Write ``rows_by_layer`` (``{layer: (ids int64 [n], rows uint8 [n, row_bytes])}``, hottest first) as the
@@ -186,17 +215,17 @@ def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range
     ``OSError``) leaves the old file as it was. Bad input (a layer the sidecar lacks, a wrong row size, an id
     outside the range or the table, an id twice) raises before anything is written. Returns the file's size.
     """
-    lo, hi = _check_range(row_range)
+    ranges = _ranges(manifest, row_range, sorted(rows_by_layer))
     block_rows = int(block_rows)
     if not 1 <= block_rows <= MAX_BLOCK_ROWS:
         raise ValueError(f"block_rows {block_rows}: expected 1..{MAX_BLOCK_ROWS}")
-    tables = _tables_for(manifest, (lo, hi), rows_by_layer)
+    tables = _tables_for(manifest, ranges, rows_by_layer)
     segments = _segments([ids.size for _, ids, _ in tables], block_rows)
     meta = {
-        "format": FORMAT, "manifest": manifest_identity(manifest), "row_range": [lo, hi], "block_rows": block_rows,
+        "format": FORMAT, "manifest": manifest_identity(manifest), "block_rows": block_rows,
         "role": str(role), "written_unix": int(time.time()),
         "tables": [{"layer": layer, "sha256": manifest.table(layer).sha256, "row_bytes": int(rows.shape[1]),
-                    "count": int(ids.size)} for layer, ids, rows in tables],
+                    "row_range": list(ranges[layer]), "count": int(ids.size)} for layer, ids, rows in tables],
     }
     raw_meta = json.dumps(meta, separators=(",", ":")).encode()
     if len(raw_meta) > MAX_META_BYTES:
@@ -251,7 +280,7 @@ def _write_all(fd: int, bufs: list) -> None:
 # ----------------------------------------------------------------------------- reading
 
 
-def read_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range: RowRange,
+def read_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range: RowRange | RowRanges,
                   budget_bytes: int) -> HotSet | None:
     """The rows of hot file ``path`` for ``manifest``'s sidecar and ``row_range``, at most ``budget_bytes``
     of them (ids + rows; each table's hottest first, equal ranks across tables), or None and one warning line
@@ -263,7 +292,7 @@ def read_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range:
     reads straight into the returned arrays; no seek, no read twice."""
     p = Path(path)
     try:
-        return _read(p, manifest, _check_range(row_range), int(budget_bytes))
+        return _read(p, manifest, _ranges(manifest, row_range, _layers(manifest, row_range)), int(budget_bytes))
     except _Bad as exc:
         why = str(exc)
     except FileNotFoundError:
@@ -323,7 +352,8 @@ def _int(v: object, lo: int, hi: int, what: str) -> int:
     return v
 
 
-def _bind(meta: dict, manifest: SidecarManifest, row_range: RowRange) -> tuple[int, list[tuple[int, int, int]]]:
+def _bind(meta: dict, manifest: SidecarManifest, ranges: dict[int, RowRange]
+          ) -> tuple[int, list[tuple[int, int, int]]]:
     """Check the file's binding to this sidecar and range; ``(block_rows, [(layer, row_bytes, count)])``."""
     if meta.get("manifest") != manifest_identity(manifest):
         raise _Bad(f"written for another sidecar (manifest identity {str(meta.get('manifest'))[:16]}…, this one's "
@@ -343,13 +373,13 @@ def _bind(meta: dict, manifest: SidecarManifest, row_range: RowRange) -> tuple[i
         if t.get("sha256") != mine.sha256 or t.get("row_bytes") != mine.row_bytes:
             raise _Bad(f"written for another sidecar (layer {layer}: table SHA-256 {str(t.get('sha256'))[:16]}…, "
                        f"{t.get('row_bytes')} B rows; this one's {mine.sha256[:16]}…, {mine.row_bytes} B)")
-        out.append((layer, mine.row_bytes, _int(t.get("count"), 0, mine.rows, f"layer {layer}'s count")))
-    rr = meta.get("row_range")
-    if rr != list(row_range):
-        raise _Bad(f"written for another row range ({rr}, this process serves {list(row_range)})")
-    lo, hi = row_range
-    if any(count > hi - lo for _, _, count in out):
-        raise _Bad("corrupt header (more rows than the range holds)")
+        if layer not in ranges or t.get("row_range") != list(ranges[layer]):
+            raise _Bad(f"written for another row range (layer {layer}: {t.get('row_range')}, this process serves "
+                       f"{list(ranges[layer]) if layer in ranges else 'none of its rows'})")
+        count = _int(t.get("count"), 0, mine.rows, f"layer {layer}'s count")
+        if count > ranges[layer][1] - ranges[layer][0]:
+            raise _Bad("corrupt header (more rows than the range holds)")
+        out.append((layer, mine.row_bytes, count))
     return _int(meta.get("block_rows"), 1, MAX_BLOCK_ROWS, "block_rows"), out
 
 
@@ -364,7 +394,7 @@ def _take(tables: list[tuple[int, int, int]], budget: int) -> int:
     return lo
 
 
-def _read(path: Path, manifest: SidecarManifest, row_range: RowRange, budget: int) -> HotSet:
+def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], budget: int) -> HotSet:
     fd = _open(path)
     pool = None
     try:
@@ -386,7 +416,7 @@ def _read(path: Path, manifest: SidecarManifest, row_range: RowRange, budget: in
         header_end = _PREFIX.size + len(rest)
         if hashlib.sha256(prefix + rest[:-DIGEST]).digest() != rest[-DIGEST:]:
             raise _Bad("corrupt header (checksum mismatch)")
-        block_rows, tables = _bind(_meta(bytes(rest[:meta_len])), manifest, row_range)
+        block_rows, tables = _bind(_meta(bytes(rest[:meta_len])), manifest, ranges)
         segments = _segments([n for _, _, n in tables], block_rows)
         if len(segments) != nseg:
             raise _Bad(f"corrupt header ({nseg} segments listed, {len(segments)} described)")
@@ -422,15 +452,16 @@ def _read(path: Path, manifest: SidecarManifest, row_range: RowRange, budget: in
         for i, layer, a, b, fut in checks:
             if fut.result() != digests[i]:
                 raise _Bad(f"corrupt rows (checksum mismatch in layer {layer}'s rows {a}..{b})")
-        lo, hi = row_range
         for layer, (ids, _) in out.items():
             t = manifest.table(layer)
+            lo, hi = ranges[layer]
             if ids.size and (ids.min() < max(lo, t.row_start) or ids.max() >= min(hi, t.row_end)
                              or _has_duplicates(ids)):
                 raise _Bad(f"invalid ids in layer {layer} (outside the range or the table, or listed twice)")
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         total = sum(n for _, _, n in tables)
-        return HotSet(path, row_range, out, cut=r < max((n for _, _, n in tables), default=0), rows_in_file=total)
+        return HotSet(path, {layer: ranges[layer] for layer in out}, out,
+                      cut=r < max((n for _, _, n in tables), default=0), rows_in_file=total)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -26,21 +26,20 @@ log = logging.getLogger(__name__)
 
 
 class HotRows:
-    """``caches``: ``{layer: RowCache}`` of one process (one row range); ``share``: the part of each cache the
-    hot file may fill at start and hold (0 < share <= 1); ``interval_s``: seconds between writes (0: only at a
-    clean shutdown); ``role``: this process's name among those sharing the range (DP replicas)."""
+    """``caches``: ``{layer: RowCache}`` of one process (each over its table's rows of this rank); ``share``: the
+    part of each cache the hot file may fill at start and hold (0 < share <= 1); ``interval_s``: seconds between
+    writes (0: only at a clean shutdown); ``role``: this process's name among those sharing the ranges (DP
+    replicas)."""
 
     def __init__(self, manifest, caches: dict, *, share: float, interval_s: float, role: str,
                  path: str | Path | None = None):
         if not caches:
             raise ValueError("no row cache to keep hot")
-        ranges = {(c.vocab_start, c.vocab_end) for c in caches.values()}
-        if len(ranges) != 1:
-            raise ValueError(f"the row caches of one process cover different row ranges: {sorted(ranges)}")
         if not 0 < share <= 1:
             raise ValueError(f"hot share {share}: expected 0 < share <= 1")
         self.manifest, self.caches, self.share = manifest, dict(caches), float(share)
-        self.row_range = ranges.pop()
+        # each table's rows this process serves: tables of different sizes split differently over TP ranks
+        self.row_range = {layer: (c.vocab_start, c.vocab_end) for layer, c in caches.items()}
         self.interval_s = float(interval_s)
         self.path = Path(path) if path is not None else hot_file_path(manifest, self.row_range, role)
         self._stop = threading.Event()

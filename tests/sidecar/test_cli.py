@@ -17,7 +17,7 @@ def run(argv):
     parser = argparse.ArgumentParser(prog="sglang-ssd-stream sidecar")
     sub = parser.add_subparsers(dest="command", required=True)
     parsers = add_sidecar_commands(sub)
-    assert set(parsers) == {"build", "verify"}
+    assert set(parsers) == {"build", "verify", "profile"}
     args = parser.parse_args(argv)
     return args.func(args)
 

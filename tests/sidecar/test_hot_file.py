@@ -545,3 +545,20 @@ def test_hottest():
     np.testing.assert_array_equal(hf.hottest(ids, counts, 1000), want)
     with pytest.raises(ValueError):
         hf.hottest(ids, counts[:5], 3)
+
+
+def test_each_table_binds_its_own_range(sidecar, tmp_path, caplog):
+    """Tables of different sizes split differently over TP ranks: a range per table, each checked."""
+    manifest, tables = sidecar
+    ranges = {FP8: (0, 2000), BF16: (1000, ROWS)}
+    rows = {FP8: (np.arange(10, dtype=np.int64), tables[FP8][:10]),
+            BF16: (np.arange(2990, 3000, dtype=np.int64), tables[BF16][2990:3000])}
+    path = tmp_path / "r.plehot"
+    hf.write_hot_file(path, manifest, ranges, rows)
+    got = hf.read_hot_file(path, manifest, ranges, 1 << 30)
+    assert got.row_range == ranges and got.layers[BF16][0].tolist() == list(range(2990, 3000))
+    _ignored(caplog, path, manifest, "another row range", row_range={FP8: (0, 2000), BF16: (0, ROWS)})
+    with pytest.raises(SidecarRowOutOfRange):  # an id outside its own table's range
+        hf.write_hot_file(path, manifest, {FP8: (0, 5), BF16: (1000, ROWS)}, rows)
+    assert "-ranges" in hf.hot_file_path(manifest, ranges, "r").name
+    assert "-rows0-3001-" in hf.hot_file_path(manifest, RANGE, "r").name

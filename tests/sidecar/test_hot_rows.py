@@ -119,8 +119,30 @@ def test_bad_arguments_are_refused(sidecar):
     manifest, _ = sidecar
     with pytest.raises(ValueError, match="no row cache"):
         HotRows(manifest, {}, share=0.5, interval_s=0, role="t")
-    mixed = {2: _caches(manifest)[2], 5: _caches(manifest, lo=0, hi=2000)[5]}
-    with pytest.raises(ValueError, match="different row ranges"):
-        HotRows(manifest, mixed, share=0.5, interval_s=0, role="t")
     with pytest.raises(ValueError, match="share"):
         HotRows(manifest, _caches(manifest), share=0, interval_s=0, role="t")
+
+
+def test_tables_of_different_sizes_each_keep_their_range(tmp_path):
+    """The real model's PLE tables differ in size (each layer's heads are other primes), so a TP rank serves
+    another range of each: the file binds each table's range, and a restart gets every table's rows back."""
+    sizes = {2: 4000, 5: 4224}
+    tables = {n: random_table(rows, 160, n) for n, rows in sizes.items()}
+    write_sidecar(tmp_path / "art", {n: ("float8_e4m3fn", t) for n, t in tables.items()})
+    manifest = load_manifest(tmp_path / "art")
+
+    def caches():
+        return {n: RowCache(SidecarReader(manifest.table(n), vocab_start=0, vocab_end=rows, max_rows=4096),
+                            np.zeros((500, 160), np.uint8), RowCacheConfig(workers=2)) for n, rows in sizes.items()}
+    first = caches()
+    _look(first, np.arange(3990, 4000))
+    first[5].read_rows(np.arange(4100, 4200, dtype=np.int64), np.empty((100, 160), np.uint8))  # past table 2's end
+    path = tmp_path / "p.plehot"
+    assert HotRows(manifest, first, share=1.0, interval_s=0, role="t", path=path).write() == 10 + 110
+    second = caches()
+    assert HotRows(manifest, second, share=1.0, interval_s=0, role="t", path=path).load() == 120
+    assert second[5].contains(np.arange(4100, 4200, dtype=np.int64)).all()
+    out = np.empty((100, 160), np.uint8)
+    second[5].read_rows(np.arange(4100, 4200, dtype=np.int64), out)
+    np.testing.assert_array_equal(out, tables[5][4100:4200])
+    assert second[5].stats["rows_read"] == 0

@@ -65,6 +65,7 @@ MAX_READ_PAGES = 64  # coalesced run cap (256 KiB), as SidecarReader's
 DEFAULT_WORKERS = 16
 CONCURRENT_CALLS = 2  # the working set counts a demand lookup and one prefetch at a time
 PAGE = 4096
+COPY_BATCH = 16384  # rows copied per moment under the lock by RowCache.hottest (~2.6 MiB of fp8 rows)
 
 # rc_read's flags and return codes
 _F_PREFETCH, _F_NODATA = 1, 2
@@ -149,8 +150,14 @@ def load() -> ctypes.CDLL:
         lib.rc_occupancy.restype = None
         lib.rc_contains.argtypes = [_P, _P, _I64, _P]
         lib.rc_contains.restype = None
-        lib.rc_hottest.argtypes = [_P, _I64, _P, _P, _P, _I32]
-        lib.rc_hottest.restype = _I64
+        lib.rc_snapshot.argtypes = [_P, _P, _P, _P]
+        lib.rc_snapshot.restype = None
+        lib.rc_copy_slots.argtypes = [_P, _P, _P, _I64, _P, _P]
+        lib.rc_copy_slots.restype = _I64
+        lib.rc_rank.argtypes = [_P, _P, _P, _I64, _I64, _P]
+        lib.rc_rank.restype = _I64
+        lib.rc_age.argtypes = [_P]
+        lib.rc_age.restype = None
         lib.rc_admit.argtypes = [_P, _P, _P, _P, _I64]
         lib.rc_admit.restype = _I64
         lib.rc_host_read.argtypes = [_P]
@@ -446,17 +453,33 @@ class RowCache:
         """The (at most) ``k`` cached rows looked up most often, most first (ties: the lower id): global ids
         (int64), their bytes (uint8 ``[n, row_bytes]``) and lookup counts (uint16, saturating). Rows only
         prefetched and never looked up are not among them. ``age`` halves every count afterwards, so the next
-        call ranks recent lookups first. One pass over the cache's metadata under its lock."""
+        call ranks recent lookups first. Ranked off the cache's lock (a snapshot of keys and counts); the rows are
+        copied in batches, each a moment under the lock, and a row evicted meanwhile is left out."""
         k = max(0, int(k))
-        ids, rows, counts = np.empty(k, np.int64), np.empty((k, self.row_bytes), np.uint8), np.empty(k, np.uint16)
+        cap = self.capacity
+        keys, hits, valid = np.empty(cap, np.uint32), np.empty(cap, np.uint16), np.empty(cap, np.uint8)
         self._enter()
         try:
-            n = self._lib.rc_hottest(self._c, k, ids.ctypes.data, rows.ctypes.data, counts.ctypes.data, int(age))
+            # ctypes lets go of the GIL in each call: the snapshot holds the cache's lock a moment, the ranking
+            # neither the lock nor the GIL, the copies the lock a moment per batch
+            self._lib.rc_snapshot(self._c, keys.ctypes.data, hits.ctypes.data, valid.ctypes.data)
+            slots = np.empty(k, np.int64)
+            n = self._lib.rc_rank(keys.ctypes.data, hits.ctypes.data, valid.ctypes.data, cap, k, slots.ctypes.data)
+            if n < 0:
+                raise MemoryError(f"PLE row cache for {self.table.file}: no memory to rank its rows")
+            slots = slots[:n]
+            want = np.ascontiguousarray(keys[slots])
+            rows, ok = np.empty((slots.size, self.row_bytes), np.uint8), np.zeros(slots.size, np.uint8)
+            for a in range(0, slots.size, COPY_BATCH):
+                b = min(a + COPY_BATCH, slots.size)
+                self._lib.rc_copy_slots(self._c, slots[a:].ctypes.data, want[a:].ctypes.data, b - a,
+                                        rows[a:].ctypes.data, ok[a:].ctypes.data)
+            if age:
+                self._lib.rc_age(self._c)
         finally:
             self._exit()
-        if n < 0:
-            raise MemoryError(f"PLE row cache for {self.table.file}: no memory to rank its rows")
-        return ids[:n], rows[:n], counts[:n]
+        kept = ok.astype(bool)
+        return (want[kept].astype(np.int64) + self.vocab_start, rows[kept], hits[slots][kept])
 
     def admit(self, ids: np.ndarray, rows: np.ndarray, counts: np.ndarray | None = None) -> int:
         """Place rows the caller has verified (a hot file checked against the sidecar) into the cache without

@@ -16,6 +16,7 @@ written only by rename (:func:`private_venv`); test_9 checks the shared venv is 
 Budget (CI: 2 cores): four serving starts, about 70-90 s each (three Python processes import vLLM), four refusals
 that end in seconds (the plugin refuses before vLLM builds the model), 8 tokens per request; and one start of
 about 4 minutes that serves proofs 4-6 (chunked prefill with an abort, ``validate``, ``watch``) at once.
+One more start of about 2.7 minutes serves (b) with MTP 2 (test_7; its baseline is (b) itself).
 """
 
 from __future__ import annotations
@@ -307,6 +308,57 @@ def other_rows(stage, other_rows_model, other_rows_sidecar) -> Scenario:
     """(d) The control: (b)'s configuration on the negated checkpoint with its own sidecar."""
     return stage.serve("other-rows", other_rows_model, lambda s: {"greedy": greedy_runs(s)},
                        env=streamed("mmap", other_rows_sidecar))
+
+
+# ----------------------------------------------------------------------------- MTP 2 (issue 26 item 6)
+
+MTP_TOKENS = 2  # num_speculative_tokens, as the kit's vLLM thor profile (write-up 003) serves
+MTP_ARGS = ("--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": MTP_TOKENS},
+                                               separators=(",", ":")))
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total")
+
+
+@pytest.fixture(scope="session")
+def qwen4_mtp_model(qwen4_model, root) -> Path:
+    """:func:`qwen4_model` copied file for file, plus the MTP draft's shard and ``mtp_num_hidden_layers``
+    (``models.py:add_mtp_weights``): the target's tensors are the same bytes, so (b)'s sidecar serves it."""
+    from .models import add_mtp_weights
+
+    out = root / "qwen4_exp-mtp"
+    shutil.copytree(qwen4_model, out)
+    return add_mtp_weights(out)
+
+
+PER_POSITION = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$')
+
+
+def spec_counters(server: VllmServer) -> dict:
+    """vLLM's spec-decode totals from ``/metrics`` (Prometheus text; summed over label sets) and the accepted
+    tokens per draft position (``per_position``)."""
+    import httpx
+
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    out: dict = {name: 0.0 for name in SPEC_COUNTERS}
+    per_position: dict[int, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+        m = PER_POSITION.match(line)
+        if m:
+            per_position[int(m[1])] = per_position.get(int(m[1]), 0.0) + float(m[2])
+    out["per_position"] = per_position
+    return out
+
+
+@pytest.fixture(scope="session")
+def streamed_mmap_mtp(stage, qwen4_mtp_model, sidecar) -> Scenario:
+    """(b)'s configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the same sidecar) on the
+    checkpoint with its MTP draft, served with MTP 2: the greedy runs, then vLLM's spec-decode counters."""
+    return stage.serve("streamed-mmap-mtp", qwen4_mtp_model,
+                       lambda s: {"greedy": greedy_runs(s), "spec": spec_counters(s)},
+                       env=streamed("mmap", sidecar), args=MTP_ARGS)
 
 
 BAD_KNOB = ("VLLM_PLE_FETCH_WORKERS", "+8")  # int() would take it; the plugin's one rule for numbers does not

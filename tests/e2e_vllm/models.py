@@ -14,12 +14,13 @@ from ..e2e.models import make_qwen4_exp
 PLE_SHARD = ".ngram_embedding.shard_"  # the checkpoint's PLE table shards (what a sidecar is built from)
 
 
-def make_qwen4_exp_vllm(out: Path, *, negate_ple: bool = False) -> Path:
+def make_qwen4_exp_vllm(out: Path, *, negate_ple: bool = False, mtp: bool = False) -> Path:
     """The sglang suite's tiny qwen4_exp, with ``text_config.output_gate_type`` written out.
 
     transformers reads ``output_gate_type: None`` as ``hidden_act`` ("silu"); vLLM 0.33's
     ``QwenGatedDeltaNetAttention`` asserts a string. Same meaning, so no numerics change.
-    ``negate_ple``: every PLE shard negated, the same model with other PLE rows (a negative control)."""
+    ``negate_ple``: every PLE shard negated, the same model with other PLE rows (a negative control).
+    ``mtp``: the MTP draft's tensors added as :func:`add_mtp_weights` writes them (the target's are unchanged)."""
     make_qwen4_exp(out)
     cfg = json.loads((out / "config.json").read_text())
     text = cfg["text_config"]
@@ -27,6 +28,8 @@ def make_qwen4_exp_vllm(out: Path, *, negate_ple: bool = False) -> Path:
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     if negate_ple:
         negate_ple_shards(out)
+    if mtp:
+        add_mtp_weights(out)
     return out
 
 
@@ -37,3 +40,60 @@ def negate_ple_shards(model: Path) -> None:
         tensors = load_file(str(f))
         tensors = {k: (-v if PLE_SHARD in k else v) for k, v in tensors.items()}
         save_file(tensors, str(f), metadata={"format": "pt"})
+
+
+MTP_FILE = "model-mtp.safetensors"
+
+
+def add_mtp_weights(model: Path, *, repeat_draft: bool = True) -> Path:
+    """The MTP draft in the target checkpoint itself, where vLLM 0.33 loads it from: ``--speculative-config
+    '{"method": "mtp", ...}'`` makes the draft model path the target's (``config/speculative.py``), rewrites the
+    config to ``Qwen4ExpMTP`` with ``n_predict = text_config.mtp_num_hidden_layers`` (written here: 1), and
+    ``Qwen4ExpMTP.load_weights`` keeps ``mtp.*`` (as ``model.*``) and the target's embedding from the same files,
+    while the target's loader drops every ``mtp.`` name; the draft always shares the target's ``lm_head``
+    (``spec_decode/eagle/utils.py:_should_share``: ``Qwen4ExpMTP`` declares no head of its own). The tensors are
+    the sglang suite's draft (``tests/e2e/models.py:write_mtp_draft``: one QSA decoder layer shaped like the
+    target's, the hyper-connection mixer and the ``fc_embedding``/``fc_hidden`` fusion, random, seed 1), written
+    to one more shard, :data:`MTP_FILE`, and named in the index when the checkpoint has one. The draft layer is
+    decoder layer ``num_hidden_layers`` (4), not a PLE layer, so no PLE tensor is written.
+
+    ``repeat_draft``: a random draft's proposals are all rejected (measured: 0 of 10 accepted), which leaves the
+    rollback to an accepted draft token untried. So the draft is made to propose the token the target has just
+    emitted: its layer adds nothing (``o_proj``, every ``down_proj`` and ``fc_embedding`` zero, so the
+    hyper-connection streams pass through unchanged), ``fc_hidden`` is the identity, and its final mixer is the
+    target's own (copied). It then maps the target's multi-stream state at position p (scaled by the
+    ``pre_fc_norm_hidden`` RMSNorm, which the mixer's per-branch norm undoes) to the target's sampled stream at
+    p, whose argmax is the token just emitted; it is accepted wherever the target repeats a token."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from ..e2e.models import MTP_DIR, write_mtp_draft
+
+    draft = write_mtp_draft(model)
+    tensors = load_file(str(draft / "model.safetensors"))
+    shutil.rmtree(draft)  # the sglang layout's own directory: vLLM reads the shards of the model directory
+    assert not (model / MTP_DIR).exists()
+    if repeat_draft:
+        target = {}
+        for f in sorted(model.glob("*.safetensors")):
+            target.update(load_file(str(f)))
+        mixer = "model.language_model.hyper_connection_mixer."
+        for name in tensors:
+            if name.startswith("mtp.hyper_connection_mixer."):
+                tensors[name] = target[mixer + name[len("mtp.hyper_connection_mixer."):]].clone()
+            elif name == "mtp.fc_hidden.weight":
+                tensors[name] = torch.eye(tensors[name].shape[0], dtype=tensors[name].dtype)
+            elif name == "mtp.fc_embedding.weight" or name.endswith((".o_proj.weight", ".down_proj.weight")):
+                tensors[name] = torch.zeros_like(tensors[name])
+    save_file(tensors, str(model / MTP_FILE), metadata={"format": "pt"})
+    index = model / "model.safetensors.index.json"
+    if index.exists():
+        meta = json.loads(index.read_text())
+        meta["weight_map"].update({name: MTP_FILE for name in tensors})
+        index.write_text(json.dumps(meta, indent=1))
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["text_config"]["mtp_num_hidden_layers"] = 1
+    (model / "config.json").write_text(json.dumps(cfg, indent=1))
+    return model

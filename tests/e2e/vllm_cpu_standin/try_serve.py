@@ -9,6 +9,7 @@ stand-in on PYTHONPATH, sends one greedy ``/v1/completions`` request, prints the
     python tests/e2e/vllm_cpu_standin/try_serve.py                 # vLLM's own (stood-in pinned) PLE table
     python tests/e2e/vllm_cpu_standin/try_serve.py --backend mmap  # the plugin's streamed sidecar (mmap)
     python tests/e2e/vllm_cpu_standin/try_serve.py --backend pread --row-cache-mb 0
+    python tests/e2e/vllm_cpu_standin/try_serve.py --backend mmap --mtp 2  # MTP draft in the checkpoint, 2 tokens
 
 Run it with any Python 3.11+ (it runs the venv's own Python for everything engine-side). ``--python`` picks the
 venv (default: $SSD_STREAM_VLLM_PYTHON, else the cached hash-locked one). Exit 0 only when the answer came.
@@ -50,7 +51,7 @@ WRITE_MODEL = r"""
 import sys
 from pathlib import Path
 from tests.e2e_vllm.models import make_qwen4_exp_vllm
-make_qwen4_exp_vllm(Path(sys.argv[1]), negate_ple=len(sys.argv) > 2 and sys.argv[2] == "negate-ple")
+make_qwen4_exp_vllm(Path(sys.argv[1]), negate_ple="negate-ple" in sys.argv[2:], mtp="mtp" in sys.argv[2:])
 """
 
 
@@ -72,6 +73,9 @@ def main() -> int:
                     help="none: plugin loaded but off (vLLM's own table); else VLLM_PLE_OFFLOAD_BACKEND")
     ap.add_argument("--row-cache-mb", default=None, help="VLLM_PLE_ROW_CACHE_MB (streamed backends)")
     ap.add_argument("--negate-ple", action="store_true", help="negative control: every PLE shard negated")
+    ap.add_argument("--mtp", type=int, default=0,
+                    help="N > 0: write the MTP draft into the checkpoint and serve with "
+                         "--speculative-config {method: mtp, num_speculative_tokens: N}")
     ap.add_argument("--prompt", default="The secret code number is")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--timeout", type=int, default=420, help="seconds for startup")
@@ -98,7 +102,8 @@ def main() -> int:
 
     model = work / "qwen4_exp"
     t0 = time.time()
-    run([args.python, "-c", WRITE_MODEL, str(model), *(["negate-ple"] if args.negate_ple else [])],
+    run([args.python, "-c", WRITE_MODEL, str(model), *(["negate-ple"] if args.negate_ple else []),
+         *(["mtp"] if args.mtp else [])],
         {**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.DEVNULL)
     print(f"model written in {time.time() - t0:.1f} s: {model}", flush=True)
 
@@ -119,6 +124,8 @@ def main() -> int:
     port = free_port()
     cmd = [args.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), *SERVE_ARGS]
+    if args.mtp:
+        cmd += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})]
     shown = {k: env[k] for k in sorted(env) if k.startswith(("VLLM_", "TRITON_")) or k in ("PYTHONPATH", "HOME")}
     print("server env:", " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()), flush=True)
     print("server cmd:", " ".join(shlex.quote(c) for c in cmd), flush=True)

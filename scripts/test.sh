@@ -5,7 +5,7 @@
 # the core tests and that engine's real-engine tests; e2e starts the real sglang server of the
 # sglang venv on this CPU (tests/e2e, marker e2e; 16 server starts, ~13 min on a 2-core box);
 # e2e-vllm the real vLLM OpenAI server of the vllm venv, which it never patches (tests/e2e_vllm,
-# marker e2e_vllm; 9 server starts, ~11 min on a 2-core box).
+# marker e2e_vllm; 10 server starts, ~14 min on a 2-core box).
 # Exit status: non-zero if any test failed.
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)

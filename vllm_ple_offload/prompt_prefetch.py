@@ -238,18 +238,20 @@ _hot = None  # this worker's HotRows (sglang_ssd_stream.sidecar.hot_rows), None 
 
 
 def _role() -> str:
-    """This worker's name among the processes that share a row range (the hot file's ``role``): its device
-    (DP replicas on one host use different GPUs) and its TP and PP ranks."""
+    """This worker's hot-file role (:func:`sglang_ssd_stream.sidecar.hot_rows.process_role`)."""
     import torch
 
-    parts = [f"gpu{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"]
+    from sglang_ssd_stream.sidecar.hot_rows import process_role
+
+    tp = pp = None
     try:
         from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
 
-        parts += [f"tp{get_tensor_model_parallel_rank()}", f"pp{get_pp_group().rank_in_group}"]
+        tp, pp = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
     except (AssertionError, ImportError, RuntimeError, AttributeError):  # no distributed groups (tests)
         pass
-    return "vllm-" + "-".join(parts)
+    gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
+    return process_role("vllm", gpu=gpu, tp=tp, pp=pp)
 
 
 def keep_hot(model, settings: env.PleSettings):

@@ -511,18 +511,20 @@ def start_prefetch(model, bound: dict):
 
 
 def _process_role() -> str:
-    """This scheduler's name among the processes that share a row range (the hot file's ``role``): its device
-    (DP replicas on one host use different GPUs) and its TP and PP ranks."""
+    """This scheduler's hot-file role (:func:`..sidecar.hot_rows.process_role`)."""
     import torch
 
-    parts = [f"gpu{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"]
+    from ..sidecar.hot_rows import process_role
+
+    tp = pp = None
     try:
         from sglang.srt.distributed import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
 
-        parts += [f"tp{get_tensor_model_parallel_rank()}", f"pp{get_pipeline_model_parallel_rank()}"]
+        tp, pp = get_tensor_model_parallel_rank(), get_pipeline_model_parallel_rank()
     except (AssertionError, ImportError, RuntimeError, AttributeError):  # no distributed groups (tests)
         pass
-    return "sglang-" + "-".join(parts)
+    gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
+    return process_role("sglang", gpu=gpu, tp=tp, pp=pp)
 
 
 def keep_hot(bound: dict, sidecar: config.Sidecar):

@@ -92,7 +92,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .view import load_sidecar
 
     manifest = load_sidecar(args.artifact)
-    role = args.role or f"{args.engine}-gpu{args.gpu}-tp{args.tp_rank}-pp0"
+    from .hot_rows import process_role
+
+    role = args.role or process_role(args.engine, gpu=args.gpu, tp=args.tp_rank, pp=0)
     prof = build_profile(manifest, args.model, args.corpus, role=role, rows=args.rows,
                          row_range=tuple(args.row_range) if args.row_range else None, path=args.out)
     if args.json:

@@ -25,6 +25,15 @@ from .hot_file import hot_file_path, read_hot_file, write_hot_file
 log = logging.getLogger(__name__)
 
 
+def process_role(engine: str, *, gpu: int | None, tp: int | None, pp: int | None) -> str:
+    """A serving process's name among those that share its row ranges (the hot file's ``role``): the engine, its
+    device (DP replicas on one host use different GPUs; None: the CPU) and its TP and PP ranks (None: unknown, as
+    in a process without distributed groups). ``sidecar profile`` names the file for a process the same way."""
+    parts = [engine, "cpu" if gpu is None else f"gpu{gpu}"]
+    parts += [f"{name}{rank}" for name, rank in (("tp", tp), ("pp", pp)) if rank is not None]
+    return "-".join(parts)
+
+
 class HotRows:
     """``caches``: ``{layer: RowCache}`` of one process (each over its table's rows of this rank); ``share``: the
     part of each cache the hot file may fill at start and hold (0 < share <= 1); ``interval_s``: seconds between

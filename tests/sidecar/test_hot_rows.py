@@ -146,3 +146,10 @@ def test_tables_of_different_sizes_each_keep_their_range(tmp_path):
     second[5].read_rows(np.arange(4100, 4200, dtype=np.int64), out)
     np.testing.assert_array_equal(out, tables[5][4100:4200])
     assert second[5].stats["rows_read"] == 0
+
+
+def test_process_roles_name_the_engine_device_and_ranks():
+    from sglang_ssd_stream.sidecar.hot_rows import process_role
+
+    assert process_role("sglang", gpu=1, tp=1, pp=0) == "sglang-gpu1-tp1-pp0"
+    assert process_role("vllm", gpu=None, tp=None, pp=None) == "vllm-cpu"  # no CUDA, no distributed groups

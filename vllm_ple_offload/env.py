@@ -172,7 +172,6 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
                                f"SGLang calls SGLANG_SSD_STREAM_IO=pread); set {BACKEND}={RENAMED_BACKENDS[backend]}")
     if backend not in BACKENDS:
         raise PleSettingsError(f"{BACKEND}={backend!r} is not a PLE backend; choose one of {', '.join(BACKENDS)}")
-    _read(env, BACKEND)  # the declaration agrees
     streaming = backend in STREAMING_BACKENDS
     if not streaming:
         extra = [k for k in STREAMING_ONLY if k in env]

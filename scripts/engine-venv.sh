@@ -32,6 +32,17 @@ for f in "$runtime_lock" "$test_lock"; do
 done
 key=$(lock_key "$runtime_lock" "$test_lock")
 
+# One build at a time per cache: two runs building the same venv (a test run and another shell) would
+# delete each other's half-built trees. The lock is held until this script exits; a second run waits,
+# then finds the venv complete. One lock per engine: the two engines' venvs still build side by side. (An
+# overlay build calls this script for its base: it holds the lock already.)
+mkdir -p "$cache/venvs"
+if [ -z "${SSD_STREAM_VENV_LOCKED:-}" ]; then
+    exec 9>"$cache/venvs/.build-$engine.lock"
+    flock 9
+    export SSD_STREAM_VENV_LOCKED=1
+fi
+
 if [ "$release" = "$pinned" ]; then
     venv="$cache/venvs/$engine-$pinned-py$pyver-$key"
     if [ ! -f "$venv/.complete" ]; then

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -54,6 +56,7 @@ class HotRows:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one write at a time (the periodic one and the shutdown one)
         self._thread: threading.Thread | None = None
+        self._on_sigterm = None  # our SIGTERM handler while it is set
         self.loaded_rows = 0
         self.written: int | None = None  # rows in the last file written
 
@@ -101,14 +104,39 @@ class HotRows:
                             self.path, type(exc).__name__, exc)
                 return None
             self.written = sum(ids.size for ids, _ in layers.values())
+            log.info("PLE hot file %s: %d rows written", self.path, self.written)
             return self.written
 
     def start(self) -> None:
-        """Write every ``interval_s`` (when > 0) on a daemon thread, and once more at a clean exit."""
+        """Write every ``interval_s`` (when > 0) on a daemon thread, and once more at a clean exit: ``atexit``,
+        and a SIGTERM (see :meth:`_write_on_sigterm`)."""
         atexit.register(self.close)
+        self._write_on_sigterm()
         if self.interval_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ple-hot-file", daemon=True)
             self._thread.start()
+
+    def _write_on_sigterm(self) -> bool:
+        """A process ended by SIGTERM skips ``atexit``, and a stop usually is one: systemd, ``docker stop`` and a
+        ``kill`` of the server's process group each send it to every process, the engine's model workers
+        included. Where SIGTERM still has its default action, a handler writes the file, then ends the process as
+        the default would (killed by SIGTERM). An engine handler that is already there is kept (its shutdown
+        exits through ``atexit``); only the main thread may set one. Returns whether it was set."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return False
+
+        def on_sigterm(signum, frame):
+            signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends it at once
+            try:
+                self.close()
+            finally:
+                os.kill(os.getpid(), signum)
+
+        self._on_sigterm = on_sigterm
+        signal.signal(signal.SIGTERM, on_sigterm)
+        return True
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -119,6 +147,9 @@ class HotRows:
         if self._stop.is_set():
             return
         self._stop.set()
+        if (self._on_sigterm is not None and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is self._on_sigterm):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # closed: a later SIGTERM has nothing to write
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.write()

@@ -4,7 +4,12 @@ hottest rows to the hot file and a new set of caches (the next start) gets them 
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,6 +118,48 @@ def test_the_periodic_writer_writes_and_close_writes_once_more(sidecar, tmp_path
     hot.close()
     assert hot._thread is not None and not hot._thread.is_alive()
     hot.close()  # idempotent
+
+
+def test_a_sigterm_writes_the_file_then_ends_the_process_as_sigterm_does(sidecar, tmp_path):
+    """A stop is a SIGTERM to every process of the server (systemd, docker stop, a kill of the process group),
+    which skips ``atexit``: the handler HotRows sets writes the file first, and the process still ends by
+    SIGTERM. Run in a child process, as a model worker is; close() gives SIGTERM its default back."""
+    art = tmp_path / "art"
+    assert art.is_dir()
+    path = tmp_path / "p.plehot"
+    child = textwrap.dedent(f"""
+        import signal, sys, time
+        import numpy as np
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from tests.sidecar.test_hot_rows import _caches, _look
+        from sglang_ssd_stream.sidecar import load_manifest
+        from sglang_ssd_stream.sidecar.hot_rows import HotRows
+        manifest = load_manifest({str(art)!r})
+        caches = _caches(manifest)
+        _look(caches, np.arange(30))
+        hot = HotRows(manifest, caches, share=0.5, interval_s=0, role="t", path={str(path)!r})
+        hot.start()
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        if sys.argv[1] == "close":
+            hot.close()
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    for mode, written in (("serve", 2 * 30), ("close", 2 * 30)):
+        path.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-c", child, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        if mode == "close":
+            path.unlink()  # close() wrote it; a SIGTERM now must not write again
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM, proc.stderr.read()
+        if mode == "serve":
+            again = _caches(manifest := load_manifest(art))
+            assert HotRows(manifest, again, share=0.5, interval_s=0, role="t", path=path).load() == written
+        else:
+            assert not path.exists()
 
 
 def test_bad_arguments_are_refused(sidecar):

@@ -20,6 +20,13 @@ request enters the engine's waiting queue, queues that chunk (only while the que
 ``window`` chunks, so a burst of arrivals never delays chunks already scheduled). Without it the first
 chunk of every prompt is read while it is being computed.
 
+Decode rows ahead (issue 27 item 3): with MTP, the tokens a verify forward computes (each request's last
+committed token, then its draft tokens) exist once the draft has run, before the verify forward looks their
+rows up. :meth:`PromptPrefetcher.drafted` hands the thread a callable that returns them (it may first wait for
+the device to have produced them); the thread hashes and fetches them before any prompt chunk, since a decode
+step waits for its rows now. Only the newest step's tokens are kept: an older step still queued has been
+verified already.
+
 Imports only the standard library and numpy (no engine, no torch).
 """
 
@@ -57,6 +64,9 @@ class PrefetchStats:
     chunks_dropped: int = 0  # the request finished before its chunk was fetched
     tokens_fetched: int = 0
     arrivals: int = 0  # requests whose first chunk was queued when they entered the waiting queue
+    draft_steps: int = 0  # verify steps whose tokens were fetched ahead (drafted())
+    draft_tokens: int = 0  # their tokens (per request: the last committed one and the drafts)
+    draft_steps_dropped: int = 0  # superseded by a newer step before the thread got to them
     seconds_busy: float = 0.0
     errors: list = field(default_factory=list)
 
@@ -85,6 +95,7 @@ class PromptPrefetcher:
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False
+        self._draft = None  # the newest verify step's token source, waiting for the thread
         self.stats = PrefetchStats()
         self._thread = threading.Thread(target=self._run, name="ple-prompt-prefetch", daemon=True)
         self._thread.start()
@@ -136,6 +147,40 @@ class PromptPrefetcher:
             req.fetched_to = b
         self._cond.notify()
 
+    def drafted(self, source, *, wait: bool = False) -> None:
+        """A verify forward is about to run: ``source()`` returns, per request, ``(history, tokens)``: the tokens
+        the forward computes for it (its last committed token, then its draft tokens, as integer arrays) and the
+        ``ngram_size - 1`` tokens before them (oldest first). The thread calls ``source`` (which may wait for the
+        device) and fetches their rows before any queued prompt chunk; returns at once. A step not yet fetched
+        when the next one comes is dropped (verified already). ``wait``: fetch in the caller instead and return
+        when the rows are in the caches (a CPU forward, which nothing could overlap)."""
+        if wait:
+            with self._cond:
+                if self._closed:
+                    return
+            self._run_drafted(source)
+            return
+        with self._cond:
+            if self._closed:
+                return
+            if self._draft is not None:
+                self.stats.draft_steps_dropped += 1
+            self._draft = source
+            self._cond.notify()
+
+    def _fetch_drafted(self, source) -> int:
+        """The thread: hash every request's verify tokens per layer, one prefetch per layer; returns the tokens."""
+        pairs = [(np.asarray(h, np.int64).reshape(-1), np.asarray(t, np.int64).reshape(-1)) for h, t in source()]
+        pairs = [(h, t) for h, t in pairs if t.size]
+        for h, cache in self.layers:
+            ctx = h.ngram_size - 1
+            ids = [h.ids(t, np.concatenate([np.full(max(0, ctx - hist.size), h.eos_token_id, np.int64),
+                                            hist[hist.size - min(ctx, hist.size):]])).reshape(-1)
+                   for hist, t in pairs]
+            if ids:
+                cache.prefetch(np.concatenate(ids))
+        return sum(t.size for _, t in pairs)
+
     def finished(self, key: Hashable) -> None:
         """Request ``key`` is done (or aborted): its queued chunks are dropped."""
         with self._cond:
@@ -149,15 +194,25 @@ class PromptPrefetcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and self._draft is None and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
-                key, req, a, b = self._queue.popleft()
-                if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
-                    self.stats.chunks_dropped += 1
-                    continue
+                draft, self._draft = self._draft, None
+                if draft is None:  # a verify step's tokens first: that decode step waits for them now
+                    key, req, a, b = self._queue.popleft()
+                    if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
+                        self.stats.chunks_dropped += 1
+                        continue
                 self._busy = True
+            if draft is not None:
+                try:
+                    self._run_drafted(draft)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
+                continue
             t = time.perf_counter()
             try:
                 lo = max(0, a - self._context)
@@ -181,13 +236,29 @@ class PromptPrefetcher:
                     self._busy = False
                     self._cond.notify_all()
 
+    def _run_drafted(self, source) -> None:
+        t = time.perf_counter()
+        try:
+            n = self._fetch_drafted(source)
+            with self._cond:
+                self.stats.draft_steps += 1
+                self.stats.draft_tokens += n
+        except Exception as exc:  # noqa: BLE001 - advisory, as a prompt chunk's
+            with self._cond:
+                if len(self.stats.errors) < 8:
+                    self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+            log.warning("PLE decode rows ahead of a verify step failed: %s", exc)
+        finally:
+            with self._cond:
+                self.stats.seconds_busy += time.perf_counter() - t
+
     # ------------------------------------------------------------------ lifecycle
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every queued chunk is fetched (tests, benchmarks); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._queue or self._draft is not None or self._busy:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -203,6 +274,7 @@ class PromptPrefetcher:
         with self._cond:
             self._closed = True
             self._queue.clear()
+            self._draft = None
             self._cond.notify_all()
         self._thread.join()
 

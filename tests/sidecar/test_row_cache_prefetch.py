@@ -257,3 +257,92 @@ def test_an_arrived_request_that_finishes_unscheduled_drops_its_chunk():
     gate.set()
     assert p.drain(60) and len(rec.calls) == 1 and p.stats.chunks_dropped == 1
     p.close()
+
+
+# ----------------------------------------------------------------------------- decode rows ahead (issue 27 item 3)
+
+
+def _verify_ids(h, sequence, start, n):
+    """The ids a verify forward looks up for ``sequence[start:start + n]``: the whole sequence's hash, sliced
+    (what the engine's forward computes, its n-gram context being the tokens before)."""
+    return h.chunk_ids(sequence, start, start + n)
+
+
+def test_drafted_tokens_are_fetched_with_their_history_and_the_verify_lookup_reads_nothing(table):
+    """Two requests' verify steps (last committed token + 3 drafts each): the rows fetched are exactly those
+    the verify forward looks up (hashing the tokens after their n-gram history), so that lookup is all hits.
+    One request's history has an EOS in it (the hash's reset), the other is 1 token into its sequence (EOS
+    pads the history as the engines' start of a request)."""
+    a = prompt(300, 11)
+    a[297] = EOS
+    b = prompt(1, 12)
+    with cache(table) as c0, cache(table) as c1:
+        p = PromptPrefetcher([(HASH, c0), (HASH1, c1)], chunk_tokens=CHUNK, window=0)
+        drafts_a, drafts_b = [5, 6, 7, 8], [9, 10, 11, 12]
+        seq_a, seq_b = a + drafts_a, b + drafts_b
+        p.drafted(lambda: [(a[-2:], drafts_a), (b[-2:], drafts_b)])
+        assert p.drain(60)
+        for h, c in ((HASH, c0), (HASH1, c1)):
+            want = np.concatenate([_verify_ids(h, seq_a, 300, 4).reshape(-1), _verify_ids(h, seq_b, 1, 4).reshape(-1)])
+            assert c.contains(want).all()
+            before = c.stats
+            c.read_rows(want, np.empty((want.size, RB), np.uint8))
+            assert c.stats["rows_read"] == before["rows_read"]  # the verify's lookup: no disk read
+        assert p.stats.draft_steps == 1 and p.stats.draft_tokens == 8 and not p.stats.errors
+        p.close()
+
+
+def test_a_verify_step_goes_before_queued_prompt_chunks_and_a_superseded_one_is_dropped():
+    gate = threading.Event()
+    rec = Recorder(gate)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=3)
+    tokens = prompt(4 * CHUNK, 13)
+    p.scheduled("r", tokens, 0, CHUNK)  # 4 chunks queued; the thread blocks in the first
+    deadline = time.monotonic() + 10
+    while p.pending_chunks > 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    calls = []
+    p.drafted(lambda: calls.append("old") or [([1, 2], [3])])  # verified before the thread gets to it
+    p.drafted(lambda: calls.append("new") or [([1, 2], [4, 5])])
+    gate.set()
+    assert p.drain(60)
+    assert calls == ["new"] and p.stats.draft_steps_dropped == 1 and p.stats.draft_steps == 1
+    np.testing.assert_array_equal(rec.calls[1], HASH.ids([4, 5], [1, 2]).reshape(-1))  # right after chunk 0
+    assert len(rec.calls) == 5
+    p.close()
+
+
+def test_a_failing_token_source_is_recorded_and_prefetch_goes_on():
+    rec = Recorder()
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=0)
+
+    def broken():
+        raise RuntimeError("device lost")
+
+    p.drafted(broken)  # does not raise
+    tokens = prompt(CHUNK, 14)
+    p.scheduled("r", tokens, 0, CHUNK)
+    assert p.drain(60)
+    assert p.stats.errors == ["RuntimeError: device lost"] and p.stats.chunks_fetched == 1
+    p.close()
+
+
+def test_wait_fetches_in_the_caller_while_the_thread_is_busy():
+    """``wait=True`` (a CPU forward): the rows are fetched when the call returns, even while the thread is held
+    by a slow prompt chunk."""
+    gate = threading.Event()
+    rec = Recorder()
+    slow = Recorder(gate)
+    p = PromptPrefetcher([(HASH, rec)], chunk_tokens=CHUNK, window=0)
+    p.drafted(lambda: [([1, 2], [3, 4])], wait=True)
+    assert len(rec.calls) == 1 and p.stats.draft_steps == 1
+    np.testing.assert_array_equal(rec.calls[0], HASH.ids([3, 4], [1, 2]).reshape(-1))
+    q = PromptPrefetcher([(HASH, slow)], chunk_tokens=CHUNK, window=0)
+    q.scheduled("r", prompt(CHUNK, 15), 0, CHUNK)  # the thread blocks on the gate
+    done = threading.Event()
+    threading.Thread(target=lambda: (q.drafted(lambda: [([1, 2], [3])], wait=True), done.set())).start()
+    assert not done.wait(0.3)  # the one row source is gated: it waits as the forward's lookup would
+    gate.set()
+    assert done.wait(10) and q.drain(10) and q.stats.draft_steps == 1
+    p.close()
+    q.close()

@@ -21,10 +21,11 @@ target                                                         hook
 =============================================================  ==========================================
 
 Rows come through a :class:`~..sidecar.row_cache.RowCache` per layer unless ``SGLANG_SSD_STREAM_ROW_CACHE_MB=0``
-(:func:`bind_embeddings`), and three more AROUND hooks, in the scheduler (:mod:`.prefetch`:
+(:func:`bind_embeddings`), and five more AROUND hooks, in the scheduler (:mod:`.prefetch`:
 ``Scheduler._add_request_to_queue``, ``NgramEmbeddingManager.prepare_for_forward`` and
-``mem_cache.common.release_kv_cache``), feed the prompt-ahead prefetch that ``load_weights`` starts over
-those caches.
+``mem_cache.common.release_kv_cache``; with MTP, ``EagleDraftWorker.draft`` and ``EAGLEWorkerV2.verify``), feed
+the prefetch that ``load_weights`` starts over those caches: prompt chunks ahead, and a verify step's rows as
+soon as its draft tokens exist.
 
 The hooks are inert for a model without a sidecar (``config.active()`` is None). They are fatal
 on failure: :func:`install` resolves every target first, applies the hooks and checks they took
@@ -88,7 +89,8 @@ def _hooks():
     return ((ALLOCATE, around_allocate), (LOAD_WEIGHTS, around_load_weights), (GATHER, around_gather),
             (CONSUME, around_consume), (prefetch.PREPARE, prefetch.around_prepare_for_forward),
             (prefetch.RELEASE, prefetch.around_release_kv_cache),
-            (prefetch.ARRIVE, prefetch.around_add_request_to_queue))
+            (prefetch.ARRIVE, prefetch.around_add_request_to_queue), (prefetch.DRAFT, prefetch.around_draft),
+            (prefetch.VERIFY, prefetch.around_verify))
 
 
 def _stale_bindings(original) -> list[str]:

@@ -20,7 +20,23 @@ AROUND hooks of the same process use it:
   that comes back is announced again from where it restarts.) The prefetcher also forgets the oldest of
   more than ``MAX_REQUESTS`` requests, should a path ever skip this call.
 
-Both hooks are advisory: an error in them is logged once and never reaches the scheduler (a real read
+With MTP (EAGLE's v2 workers, the only ones 0.5.23 has), two more AROUND hooks read a verify step's decode rows
+ahead (issue 27 item 3):
+
+- ``speculative.eagle_worker_v2.EagleDraftWorker.draft(batch)``: its result holds the verify input, whose
+  ``draft_token`` row per request is the last committed token, then the drafts (qwen4_exp's PLE refuses
+  ``topk`` > 1, so a row is a chain). Right after it, on the stream that produced them, the tokens and each
+  request's n-gram history (``get_ngram_context`` of its Mamba slot, the ``ngram_size - 1`` tokens before the
+  row, committed by the previous verify) are copied to pinned host memory and an event is recorded: the
+  scheduler does not wait. :meth:`~..sidecar.prefetch.PromptPrefetcher.drafted` hands the prefetch thread a
+  source that waits for that event, then hashes and fetches the rows, ahead of any prompt chunk, while the
+  verify forward runs up to the PLE layers. On a CPU (tests) there is no device to overlap with, so the rows
+  are fetched before ``draft`` returns.
+- ``EAGLEWorkerV2.verify``: on a CPU, where the verify forward's lookups run inside the call, the lookups that
+  still read their rows from disk are counted (``verify_misses``; the activity line says them). On a GPU the
+  lookups run after the call returns, so nothing is counted there.
+
+All these hooks are advisory: an error in them is logged once and never reaches the scheduler (a real read
 error surfaces in the forward's own lookup, which is fatal there).
 """
 
@@ -36,13 +52,18 @@ PREPARE = ("sglang.srt.model_executor.model_runner_components.ngram_embedding_ma
            "NgramEmbeddingManager.prepare_for_forward")
 RELEASE = "sglang.srt.mem_cache.common.release_kv_cache"
 ARRIVE = "sglang.srt.managers.scheduler.Scheduler._add_request_to_queue"
+DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft"
+VERIFY = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify"
 PREFILL_MODES = ("EXTEND", "MIXED")  # ForwardMode names of scheduler batches that compute prompt tokens
 REPORT_EVERY_S = 60.0  # the activity line's period in the log
+REPORT_FIRST = 8  # the first requests after a start each get an activity line (a cold or hot start shows there)
 
 _lock = threading.Lock()
 _prefetchers: dict[int, object] = {}  # id(model) -> PromptPrefetcher of that model's PLE layers
 _warned: set[str] = set()  # what this process said once (a failure, the first announcement)
 _last_report = [0.0]
+_reports = [0]
+_verify = {"steps": 0, "misses": 0}  # CPU only: verify forwards, and their lookups that read the disk
 
 
 def register(model, prefetcher) -> None:
@@ -133,6 +154,80 @@ def around_release_kv_cache(original, req, *args, **kwargs):
     return result
 
 
+def draft_source(worker, batch, verify_input):
+    """The verify step's tokens and histories as :meth:`~..sidecar.prefetch.PromptPrefetcher.drafted` wants them,
+    copied off the device without waiting for it (see the module docstring)."""
+    import torch
+
+    tokens = verify_input.draft_token
+    width = int(verify_input.draft_token_num)
+    pool = worker.target_worker.model_runner.req_to_token_pool
+    history = pool.get_ngram_context(pool.get_mamba_indices(batch.req_pool_indices).long())
+    if tokens.is_cuda:
+        host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host_history = torch.empty(history.shape, dtype=history.dtype, pin_memory=True)
+        host_tokens.copy_(tokens, non_blocking=True)
+        host_history.copy_(history, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+    else:
+        host_tokens, host_history, ready = tokens.clone(), history.clone(), None
+
+    def source():
+        if ready is not None:
+            ready.synchronize()  # the prefetch thread waits for the draft, never the scheduler
+        rows = host_tokens.reshape(-1, width).numpy()
+        return list(zip(host_history.numpy(), rows, strict=True))
+
+    return source
+
+
+def around_draft(original, self, batch, *args, **kwargs):
+    result = original(self, batch, *args, **kwargs)
+    prefetchers = active()
+    if prefetchers and batch is not None and not batch.forward_mode.is_idle():
+        try:
+            verify_input = result[0] if isinstance(result, tuple) else result
+            source = draft_source(self, batch, verify_input)
+            wait = not verify_input.draft_token.is_cuda
+            for p in prefetchers:
+                p.drafted(source, wait=wait)
+            if "draft" not in _warned:
+                _warned.add("draft")
+                log.info("PLE sidecar hook draft ran: the rows of a verify step (%d request(s), %d tokens each) "
+                         "fetched ahead of its forward", len(batch.reqs), int(verify_input.draft_token_num))
+        except Exception as exc:  # noqa: BLE001 - advisory
+            _warn_once("fetching a verify step's rows ahead", exc)
+    return result
+
+
+def _misses(prefetchers) -> int:
+    return sum(c.stats["miss_lookups"] for p in prefetchers for _, c in p.layers)
+
+
+def around_verify(original, self, batch, *args, **kwargs):
+    prefetchers = active()
+    counted = False
+    if prefetchers:
+        try:
+            import torch
+
+            counted = not torch.cuda.is_available()  # a CPU forward looks its rows up inside the call
+            before = _misses(prefetchers) if counted else 0
+        except Exception as exc:  # noqa: BLE001 - advisory
+            _warn_once("counting a verify step's lookups", exc)
+            counted = False
+    result = original(self, batch, *args, **kwargs)
+    if counted:
+        try:
+            with _lock:
+                _verify["steps"] += 1
+                _verify["misses"] += _misses(prefetchers) - before
+        except Exception as exc:  # noqa: BLE001 - advisory
+            _warn_once("counting a verify step's lookups", exc)
+    return result
+
+
 def activity_line(prefetcher) -> str:
     """What the prefetcher did and what its caches saw, for the log."""
     s = prefetcher.stats
@@ -149,14 +244,19 @@ def activity_line(prefetcher) -> str:
             f"{totals.get('hits', 0)} of {totals.get('lookups', 0)} lookups hit "
             f"({totals.get('hits', 0) / lookups:.1%}), {totals.get('prefetch_hits', 0)} on prefetched rows, "
             f"{totals.get('rows_read', 0)} rows read from disk"
+            + (f"; {s.draft_steps} verify step(s) fetched ahead ({s.draft_tokens} tokens, {s.draft_steps_dropped} "
+               f"superseded)" if s.draft_steps or s.draft_steps_dropped else "")
+            + (f"; verify forwards on this CPU: {_verify['steps']}, their lookups that read the disk: "
+               f"{_verify['misses']}" if _verify["steps"] else "")
             + (f"; errors: {s.errors}" if s.errors else ""))
 
 
 def _maybe_report(prefetchers) -> None:
     now = time.monotonic()
     with _lock:
-        if _last_report[0] and now - _last_report[0] < REPORT_EVERY_S:
+        if _reports[0] >= REPORT_FIRST and now - _last_report[0] < REPORT_EVERY_S:
             return
         _last_report[0] = now
+        _reports[0] += 1
     for p in prefetchers:
         log.info("%s", activity_line(p))

@@ -93,6 +93,26 @@ def test_mtp_greedy_equals_mtp_off_with_the_sidecar_and_row_cache(qwen4_sidecar_
     assert _lines(sc, r"PLE prompt-ahead prefetch: \d+ chunk\(s\) fetched"), sc.log[-4000:]
 
 
+def test_a_verify_steps_rows_are_fetched_as_soon_as_its_drafts_exist(qwen4_mtp_sidecar):
+    """Issue 27 item 3: right after the draft, each request's verify tokens (its last committed token and the
+    drafts) are hashed after its n-gram history from sglang's own pool and fetched into the row caches. On this
+    CPU they are fetched before the verify forward runs, so every row the verify forwards look up must be in the
+    caches: a wrong history, hash or token row would show as lookups that read the disk."""
+    sc = qwen4_mtp_sidecar
+    ran = _lines(sc, r"PLE sidecar hook draft ran: the rows of a verify step \(\d+ request\(s\), (\d+) tokens each\)")
+    assert ran, sc.log[-4000:]
+    width = int(re.search(r"(\d+) tokens each", ran[0]).group(1))
+    assert width == 1 + draft_steps()
+    last = _lines(sc, r"PLE prompt-ahead prefetch: \d+ chunk\(s\) fetched")[-1]
+    steps, tokens = (int(x) for x in re.search(r"(\d+) verify step\(s\) fetched ahead \((\d+) tokens", last).groups())
+    verify, misses = (int(x) for x in re.search(r"verify forwards on this CPU: (\d+), their lookups that read the "
+                                                r"disk: (\d+)", last).groups())
+    # every greedy request's verify passes (and the warm-up's) were fetched ahead, the drafts of each included
+    spec_steps = sum(run["spec_verify_ct"] for run in qwen4_mtp_sidecar.results["greedy"])
+    assert steps >= spec_steps and tokens >= steps * width, last
+    assert verify >= spec_steps and misses == 0, last
+
+
 def test_draft_has_no_ple_layer_in_sglang_0_5_23(qwen4_mtp_sidecar):
     """The issue asks for the draft's PLE layers to be prefetched; sglang 0.5.23's draft has none
     (``Qwen4ExpForCausalLMMTP`` sets ``ple_layer_ids = []``): the only PLE binding is the target's."""

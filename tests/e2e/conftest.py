@@ -5,7 +5,7 @@ start: the engine put in a patch state, the server started, the requests a proof
 process titles kept, the server stopped (always, and before the next one starts). Scenarios are
 session fixtures, so each server starts once however many tests read its results; tests only assert.
 
-Budget (CI: 2 cores): sixteen server starts (four of them MTP); 16 generated tokens per request except the
+Budget (CI: 2 cores): eighteen server starts (four of them MTP); 16 generated tokens per request except the
 MTP probes that need a long decode (clients that go away, concurrency: up to 200).
 """
 
@@ -180,7 +180,7 @@ def survey_table(surveys: dict) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    for attr in ("_e2e_timings", "_e2e_survey"):
+    for attr in ("_e2e_timings", "_e2e_survey", "_e2e_hot"):
         text = getattr(config, attr, None)
         if text:
             terminalreporter.write_line(text)
@@ -287,12 +287,15 @@ def greedy_runs(server: SglangServer) -> list[dict]:
     """Token-id prompts through ``/generate``, greedy, 16 tokens out: output ids and their logprobs."""
     runs = []
     for seed, n in enumerate(PLE_PROMPTS):
+        t0 = time.monotonic()
         body = server.generate_ids(token_ids(n, seed), MAX_TOKENS)
+        seconds = time.monotonic() - t0
         meta = body["meta_info"]
         runs.append({"prompt_tokens": meta["prompt_tokens"], "output_ids": body["output_ids"],
                      "logprobs": [entry[0] for entry in meta["output_token_logprobs"]],
                      "logprob_ids": [entry[1] for entry in meta["output_token_logprobs"]],
-                     "finish_reason": meta["finish_reason"], "spec_verify_ct": meta.get("spec_verify_ct")})
+                     "finish_reason": meta["finish_reason"], "spec_verify_ct": meta.get("spec_verify_ct"),
+                     "seconds": seconds})
     return runs
 
 
@@ -400,10 +403,45 @@ def qwen4_sidecar_pread(stage, qwen4_model, sidecar) -> Scenario:
     return _sidecar_scenario(stage, qwen4_model, sidecar, "qwen4-sidecar-pread", "pread")
 
 
+HOT_SHARE_PCT = "50"
+
+
+def _hot_scenario(stage, qwen4_model, sidecar, home: Path, name: str) -> Scenario:
+    """The default launch with the hot file on (its own data directory ``home``): the greedy prompts twice,
+    the first pass on whatever the start brought (cold, or the hot file), the second warm."""
+    env = {"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": "mmap",
+           "SGLANG_SSD_STREAM_HOME": str(home), "SGLANG_SSD_STREAM_HOT_SHARE_PCT": HOT_SHARE_PCT}
+    sc = stage.serve(name, "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s), "warm": greedy_runs(s)},
+                     standin=True, args=qwen4_args("--ple-offload-embedding"), env=env)
+    sc.results["hot_files"] = sorted((home / "hot").glob("*.plehot")) if (home / "hot").is_dir() else []
+    return sc
+
+
 @pytest.fixture(scope="session")
-def qwen4_sidecar_cache(stage, qwen4_model, sidecar) -> Scenario:
-    """The default launch (issue 19): rows through the PLE row cache, prefills announced to the prefetch."""
-    return _sidecar_scenario(stage, qwen4_model, sidecar, "qwen4-sidecar-cache", "mmap", row_cache_mb=None)
+def hot_home(e2e_root) -> Path:
+    return e2e_root / "hot-home"
+
+
+@pytest.fixture(scope="session")
+def qwen4_sidecar_cache(stage, qwen4_model, sidecar, hot_home) -> Scenario:
+    """The default launch (issue 19): rows through the PLE row cache, prefills announced to the prefetch; with
+    the hot file on (issue 27), in an empty data directory: a cold start, whose stop writes the hot file."""
+    return _hot_scenario(stage, qwen4_model, sidecar, hot_home, "qwen4-sidecar-cache")
+
+
+@pytest.fixture(scope="session")
+def qwen4_sidecar_restart(stage, qwen4_model, sidecar, hot_home, qwen4_sidecar_cache) -> Scenario:
+    """Issue 27 item 6: the same launch started again over the data directory the first start left, its hot
+    file read before the first request."""
+    assert qwen4_sidecar_cache.results["hot_files"], "the first start left no hot file"
+    return _hot_scenario(stage, qwen4_model, sidecar, hot_home, "qwen4-sidecar-restart")
+
+
+@pytest.fixture(scope="session")
+def qwen4_sidecar_restart_without(stage, qwen4_model, sidecar, e2e_root, qwen4_sidecar_cache) -> Scenario:
+    """The restart without the hot file: the same launch and knobs, after the first start as the restart with it
+    (the engine's compile caches as warm), over an empty data directory."""
+    return _hot_scenario(stage, qwen4_model, sidecar, e2e_root / "hot-home-empty", "qwen4-sidecar-restart-without")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""What the GPU scripts share: test tables, the disk baseline (fio), device sync and a simulated layer.
+"""What the GPU scripts share: test tables, the disk baseline (fio: random and sequential reads), device sync and a
+simulated layer.
 
 Imported as ``_harness`` by the scripts beside it (``python scripts/gpu/<script>.py`` puts this folder on
 sys.path). Imports torch and numpy only where a helper needs them, so a CPU smoke run without CUDA works.
@@ -73,6 +74,36 @@ def run_fio(fio: str, path: Path, seconds: float, jobs: tuple[int, ...] = (1, 16
         res[f"jobs{n}"] = {"iops": job["iops"], "bw_mib_s": job["bw"] / 1024,
                            "clat_mean_us": job["clat_ns"]["mean"] / 1e3, "command": shlex.join(cmd)}
         print(f"fio randread 4k O_DIRECT {n:2d} jobs: {job['iops']:.0f} IOPS", flush=True)
+    return res
+
+
+def run_fio_seq(fio: str, path: Path, nbytes: int) -> dict:
+    """fio's sequential read of ``nbytes`` (rounded up to 1 MiB; 1 MiB blocks, one job, psync) from a file of that
+    size that fio lays out at ``path`` first (not timed; removed afterwards): with ``O_DIRECT`` (the disk), and
+    buffered from a cold page cache (``--invalidate=1``: fio drops the file's pages first), which is how the hot
+    file's reader reads (read-ahead included). The baseline a hot file's load time is compared with."""
+    size = max(1 << 20, -(-int(nbytes) // (1 << 20)) << 20)
+    base = [fio, "--name=ple-seqread", f"--filename={path}", "--bs=1M", f"--size={size}", "--ioengine=psync",
+            "--numjobs=1", "--output-format=json"]
+    res: dict = {"bytes": size}
+    try:
+        p = subprocess.run([*base, "--rw=write", "--direct=1", "--end_fsync=1"], capture_output=True, text=True)
+        if p.returncode:  # a filesystem without O_DIRECT (tmpfs): lay it out buffered
+            p = subprocess.run([*base, "--rw=write", "--direct=0", "--end_fsync=1"], capture_output=True, text=True)
+        if p.returncode:
+            res["error"] = p.stderr[-2000:]
+            return res
+        for name, direct in (("direct", 1), ("buffered", 0)):
+            cmd = [*base, "--rw=read", f"--direct={direct}", "--invalidate=1"]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode:
+                res[name] = {"error": p.stderr[-2000:], "command": shlex.join(cmd)}
+                continue
+            job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]
+            res[name] = {"bw_mib_s": job["bw"] / 1024, "seconds": job["runtime"] / 1e3, "command": shlex.join(cmd)}
+            print(f"fio sequential read {size / 2**20:.0f} MiB ({name}): {job['bw'] / 1024:.0f} MiB/s", flush=True)
+    finally:
+        path.unlink(missing_ok=True)
     return res
 
 

@@ -155,31 +155,15 @@ def around_release_kv_cache(original, req, *args, **kwargs):
 
 
 def draft_source(worker, batch, verify_input):
-    """The verify step's tokens and histories as :meth:`~..sidecar.prefetch.PromptPrefetcher.drafted` wants them,
-    copied off the device without waiting for it (see the module docstring)."""
-    import torch
+    """The verify step's rows (``draft_token``, one chain per request) and each request's n-gram history (its
+    Mamba slot's ``get_ngram_context``, as ``qwen4_exp._prepare_ple_batch`` reads it), off the device without
+    waiting (:func:`..staging.verify_rows.verify_rows_source`)."""
+    from ..staging.verify_rows import verify_rows_source
 
-    tokens = verify_input.draft_token
-    width = int(verify_input.draft_token_num)
     pool = worker.target_worker.model_runner.req_to_token_pool
     history = pool.get_ngram_context(pool.get_mamba_indices(batch.req_pool_indices).long())
-    if tokens.is_cuda:
-        host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host_history = torch.empty(history.shape, dtype=history.dtype, pin_memory=True)
-        host_tokens.copy_(tokens, non_blocking=True)
-        host_history.copy_(history, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-    else:
-        host_tokens, host_history, ready = tokens.clone(), history.clone(), None
-
-    def source():
-        if ready is not None:
-            ready.synchronize()  # the prefetch thread waits for the draft, never the scheduler
-        rows = host_tokens.reshape(-1, width).numpy()
-        return list(zip(host_history.numpy(), rows, strict=True))
-
-    return source
+    tokens = verify_input.draft_token.reshape(history.shape[0], int(verify_input.draft_token_num))
+    return verify_rows_source(tokens, history)
 
 
 def around_draft(original, self, batch, *args, **kwargs):
@@ -188,10 +172,9 @@ def around_draft(original, self, batch, *args, **kwargs):
     if prefetchers and batch is not None and not batch.forward_mode.is_idle():
         try:
             verify_input = result[0] if isinstance(result, tuple) else result
-            source = draft_source(self, batch, verify_input)
-            wait = not verify_input.draft_token.is_cuda
+            source, on_device = draft_source(self, batch, verify_input)
             for p in prefetchers:
-                p.drafted(source, wait=wait)
+                p.drafted(source, wait=not on_device)
             if "draft" not in _warned:
                 _warned.add("draft")
                 log.info("PLE sidecar hook draft ran: the rows of a verify step (%d request(s), %d tokens each) "

@@ -7,6 +7,8 @@
 - :mod:`.hostfunc`: ``cuLaunchHostFunc``;
 - :mod:`.kernels`: the FP8/BF16 -> BF16 conversion kernel (Triton);
 - :mod:`.host_memory`: page-aligned CUDA-registered host memory and its accounting.
+- :mod:`.verify_rows`: an MTP verify step's tokens and n-gram histories copied off the device for the
+  prefetch thread, with an event it waits for (the engine never does).
 
 Imports neither sglang nor vllm (``tests/test_import_boundaries.py``). Importing the package
 imports nothing heavy; :mod:`.gather`/:mod:`.kernels` need torch and triton.

@@ -25,6 +25,17 @@ for a request after it left) follows such a leave, and any other one at most eve
 The chunks read per request are counted on the prompt the hook hands over (:class:`_Prompt`, a copy made
 once per request): the prefetch thread slices a request's prompt once for each chunk it fetches.
 
+With MTP (a speculator in the runner), a verify step's rows are read ahead too (issue 27 item 3): right after
+``sample_tokens`` has sampled and the speculator has proposed, each decoding request's next verify row (its last
+sampled token, then its drafts: ``req_states.last_sampled_tokens`` and ``draft_tokens``) and its n-gram history
+(the ``ngram_size - 1`` tokens before ``num_computed_tokens`` in ``all_token_ids``, EOS before the start, as
+``Qwen4ExpModelState._prepare_ngram_context`` reads them at the next step) are copied off the device with an
+event (:mod:`sglang_ssd_stream.staging.verify_rows`), and the prefetch thread fetches their rows before any
+prompt chunk, while the engine schedules the next step. A request still prefilling is left out (its drafts are
+not verified next). On a CPU, with nothing to overlap, they are fetched before ``sample_tokens`` returns, and the
+disk reads of the target forwards that only verify (``execute_model`` of a step whose every request is
+decoding) are counted for the activity line.
+
 Fatal, never silent: a row cache built in a process whose runner loads a model without it, and
 the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0`` or a feature V2 lacks) with a row cache, stop
 the worker with the fix named. Installed by :mod:`.activate` through :mod:`.post_import` only when
@@ -51,6 +62,7 @@ RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
 RUNNER_V1 = "vllm.v1.worker.gpu_model_runner"
 _MARK = "_vllm_ple_prompt_prefetch"  # set on our wrappers: installing again is a no-op
 REPORT_EVERY_S = 60.0  # the activity line's period in the log (as sglang's); a request left unfinished logs at once
+REPORT_FIRST = 8  # the first prefills after a start each get an activity line (as sglang's first requests)
 
 _lock = threading.Lock()
 _hook: PromptHook | None = None  # this process's (one runner per worker process)
@@ -94,6 +106,9 @@ class PromptHook:
         self.unfinished = 0  # requests that left with their prefill unfinished (aborted, preempted)
         self.unfinished_tokens = 0  # the tokens of theirs fetched by the time they left
         self._reported = 0.0
+        self._drafted_said = False
+        self.verify_steps = 0  # CPU only: target forwards of pure verify steps, and their lookups that read the disk
+        self.verify_misses = 0
 
     @property
     def late_chunks(self) -> int:
@@ -119,7 +134,7 @@ class PromptHook:
             self.done += 1
             self.done_tokens += len(prompt) - prompt.start
         now = time.monotonic()
-        if unfinished or now - self._reported >= REPORT_EVERY_S:
+        if unfinished or self.done + self.unfinished <= REPORT_FIRST or now - self._reported >= REPORT_EVERY_S:
             self._reported = now
             log.info("%s", self.activity_line())
 
@@ -141,7 +156,49 @@ class PromptHook:
                 f"{len(self.prefetcher.layers)} layer(s): {totals.get('prefetch_rows', 0)} rows prefetched, {hits} of "
                 f"{lookups} lookups hit "
                 f"({hits / max(lookups, 1):.1%}), {totals.get('prefetch_hits', 0)} on prefetched rows, "
-                f"{totals.get('rows_read', 0)} rows read from disk" + (f"; errors: {s.errors}" if s.errors else ""))
+                f"{totals.get('rows_read', 0)} rows read from disk"
+                + (f"; {s.draft_steps} verify step(s) fetched ahead ({s.draft_tokens} tokens, {s.draft_steps_dropped} "
+                   f"superseded)" if s.draft_steps or s.draft_steps_dropped else "")
+                + (f"; verify forwards on this CPU: {self.verify_steps}, their lookups that read the disk: "
+                   f"{self.verify_misses}" if self.verify_steps else "")
+                + (f"; errors: {s.errors}" if s.errors else ""))
+
+    def prefilling(self) -> set[str]:
+        """Requests whose prefill is not computed to its end yet (their drafts are not verified next)."""
+        return {r for r, p in self._prompts.items() if p.scheduled_to < len(p)}
+
+    def drafted(self, runner, input_batch) -> None:
+        """After ``sample_tokens``: the next verify step's rows of every decoding request, to the prefetch thread
+        (see the module docstring)."""
+        import torch
+
+        from sglang_ssd_stream.staging.verify_rows import verify_rows_source
+
+        n = int(input_batch.num_reqs)
+        skip = self.prefilling()
+        keep = [i for i, r in enumerate(input_batch.req_ids[:n]) if r not in skip]
+        if not keep:
+            return
+        state, rs = runner.model_state, runner.req_states
+        with torch.inference_mode():
+            idx = input_batch.idx_mapping[:n].long()
+            if len(keep) < n:
+                idx = idx[torch.tensor(keep, device=idx.device)]
+            tokens = torch.cat([rs.last_sampled_tokens[idx].to(torch.int64), rs.draft_tokens[idx]], dim=1)
+            ctx = int(state.ngram_context_len)
+            end = rs.num_computed_tokens.gpu[idx].long()
+            pos = end.unsqueeze(1) + torch.arange(-ctx, 0, device=end.device)
+            history = rs.all_token_ids.gpu[idx.unsqueeze(1), pos.clamp_min(0)].to(torch.int64)
+            history = torch.where(pos >= 0, history, torch.full_like(history, int(state.ngram_eos_token_id)))
+            source, on_device = verify_rows_source(tokens, history)
+        self.prefetcher.drafted(source, wait=not on_device)
+        if not self._drafted_said:
+            self._drafted_said = True  # said once per process, as the hook's other first lines
+            log.info("PLE prefetch: the rows of a verify step (%d request(s), %d tokens each) fetched ahead of its "
+                     "forward", len(keep), tokens.shape[1])
+
+    def misses(self) -> int:
+        return sum(cache.stats["miss_lookups"] for _, cache in self.prefetcher.layers)
 
     def _schedule(self, req_id: str, prompt: _Prompt, computed: int, scheduled: int) -> None:
         if computed >= len(prompt):  # prefill done (decode, or the last chunk was computed)
@@ -304,7 +361,8 @@ def _replace(cls, name: str, make, *, vllm_decorated: bool = False) -> None:
 
 
 def install_v2(settings: env.PleSettings):
-    """Post-import callback for :data:`RUNNER_V2`: ``load_model`` builds the hook, ``update_requests`` feeds it."""
+    """Post-import callback for :data:`RUNNER_V2`: ``load_model`` builds the hook, ``update_requests`` feeds it,
+    ``sample_tokens`` hands it a verify step's rows (with MTP), ``execute_model`` counts a CPU verify's reads."""
     def callback(module) -> None:
         cls = module.GPUModelRunner
 
@@ -325,9 +383,57 @@ def install_v2(settings: env.PleSettings):
                     hook.step(scheduler_output)
             return wrapper
 
+        def sample_tokens(original):
+            @functools.wraps(original)
+            def wrapper(self, *args, **kwargs):
+                state = self.execute_model_state
+                batch = state.input_batch if state is not None and self.speculator is not None else None
+                result = original(self, *args, **kwargs)
+                hook = _hook
+                if hook is not None and batch is not None and self.is_last_pp_rank:
+                    try:
+                        hook.drafted(self, batch)
+                    except Exception as exc:  # noqa: BLE001 - advisory, as the prompt chunks' fetch
+                        _warn_once("fetching a verify step's rows ahead", exc)
+                return result
+            return wrapper
+
+        def execute_model(original):
+            @functools.wraps(original)
+            def wrapper(self, scheduler_output, *args, **kwargs):
+                hook = _hook
+                counted = (hook is not None and self.speculator is not None and not self.device.type == "cuda"
+                           and _pure_verify(scheduler_output))
+                before = hook.misses() if counted else 0
+                result = original(self, scheduler_output, *args, **kwargs)
+                if counted:
+                    hook.verify_steps += 1
+                    hook.verify_misses += hook.misses() - before
+                return result
+            return wrapper
+
         _replace(cls, "load_model", load_model)
         _replace(cls, "update_requests", update_requests)
+        _replace(cls, "sample_tokens", sample_tokens, vllm_decorated=True)
+        _replace(cls, "execute_model", execute_model, vllm_decorated=True)
     return callback
+
+
+def _pure_verify(scheduler_output) -> bool:
+    """Every request of the step verifies drafts (none prefills): its forward's lookups are the verify rows."""
+    drafts = scheduler_output.scheduled_spec_decode_tokens or {}
+    counts = scheduler_output.num_scheduled_tokens
+    return bool(counts) and all(len(drafts.get(r, ())) + 1 == n for r, n in counts.items())
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("PLE prefetch: %s failed (%s: %s); serving continues, rows are read on demand", what,
+                    type(exc).__name__, exc)
 
 
 def refuse_v1(settings: env.PleSettings):

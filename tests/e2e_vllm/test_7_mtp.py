@@ -15,6 +15,8 @@ not depend on any of it: token ids equal (b)'s, logprobs within fp32 rounding (:
 
 from __future__ import annotations
 
+import re
+
 from .conftest import MAX_TOKENS, MTP_TOKENS, PROMPTS
 
 
@@ -70,3 +72,22 @@ def test_speculative_decoding_ran(streamed_mmap_mtp):
     for ran in (r"ran ple_conv \(torch, mode=spec\)", r"ran _C::fused_sigmoid_gating_delta_rule_update_spec_cpu"):
         assert sc.grep(ran, worker), f"worker (pid {worker}): no {ran!r}"
     assert not sc.grep(r"Traceback", worker)
+
+
+def test_a_verify_steps_rows_are_fetched_as_soon_as_its_drafts_exist(streamed_mmap_mtp):
+    """Issue 27 item 3: after each step's sampling and proposal, every decoding request's next verify row (its
+    last sampled token and drafts) is hashed after its n-gram history from vLLM's own request state and fetched
+    into the row caches. On this CPU that happens before the next step, so every row a pure verify forward looks
+    up must be in the caches: a wrong history, hash or token row would show as lookups that read the disk."""
+    sc = streamed_mmap_mtp
+    ran = [line for line in sc.log.splitlines()
+           if re.search(r"PLE prefetch: the rows of a verify step \(\d+ request\(s\), \d+ tokens each\)", line)]
+    assert ran and f"{1 + MTP_TOKENS} tokens each" in ran[0], sc.log[-4000:]
+    lines = [line for line in sc.log.splitlines() if "PLE prompt-ahead prefetch:" in line and "verify" in line]
+    assert lines, sc.log[-4000:]
+    last = lines[-1]
+    steps, tokens = (int(x) for x in re.search(r"(\d+) verify step\(s\) fetched ahead \((\d+) tokens", last).groups())
+    verify, misses = (int(x) for x in re.search(r"verify forwards on this CPU: (\d+), their lookups that read the "
+                                                r"disk: (\d+)", last).groups())
+    assert steps > 0 and tokens >= steps * (1 + MTP_TOKENS) and verify > 0, last
+    assert misses == 0, last

@@ -16,6 +16,7 @@ Runs inside the vLLM venv (CPU platform), TP=1 on gloo, through vLLM's real plug
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import types
@@ -45,12 +46,15 @@ def settings(backend: str, manifest, cache_mb: str | None, **extra) -> dict[str,
     return out
 
 
+V2_WRAPPED = ("load_model", "update_requests", "sample_tokens", "execute_model")
+
+
 @pytest.fixture
 def runners(monkeypatch):
     """Whatever the plugin wraps on vLLM's runner classes is restored after the test."""
     import importlib
 
-    for name, attrs in ((RUNNER_V2, ("load_model", "update_requests")), ("vllm.v1.worker.gpu_model_runner",
+    for name, attrs in ((RUNNER_V2, V2_WRAPPED), ("vllm.v1.worker.gpu_model_runner",
                                                                          ("__init__",))):
         cls = importlib.import_module(name).GPUModelRunner
         for attr in attrs:
@@ -174,14 +178,15 @@ def test_the_plugin_wraps_vllms_v2_runner_only_with_a_cache(tmp_path, monkeypatc
     cfg = harness.text_config()
     _, _, manifest = sidecar(tmp_path, cfg)
     cls = v2_runner_class()
-    originals = {n: vars(cls)[n] for n in ("load_model", "update_requests")}
+    originals = {n: vars(cls)[n] for n in V2_WRAPPED}
     harness.load_plugins(monkeypatch, settings("mmap", manifest, "0"))
     assert {n: vars(cls)[n] for n in originals} == originals
     harness.load_plugins(monkeypatch, settings("mmap", manifest, "64", VLLM_PLE_PREFETCH_CHUNKS="3"))
     for name, original in originals.items():
         wrapped = vars(cls)[name]
         assert getattr(wrapped, prompt_prefetch._MARK) and wrapped.__wrapped__ is original
-        assert original.__code__.co_filename.endswith("vllm/v1/worker/gpu/model_runner.py")
+        # vLLM's own decorators (inference_mode) kept under ours: the function beneath is vLLM's
+        assert inspect.unwrap(original).__code__.co_filename.endswith("vllm/v1/worker/gpu/model_runner.py")
     from vllm_ple_offload import plugin
 
     plugin._registered = False
@@ -371,6 +376,14 @@ def test_the_wrapped_load_model_builds_the_hook_from_the_loaded_model(tmp_path, 
             return self.model
 
         def update_requests(self, scheduler_output):
+            pass
+
+        @torch.inference_mode()  # vLLM's are decorated; the plugin expects that
+        def sample_tokens(self, grammar_output):
+            pass
+
+        @torch.inference_mode()
+        def execute_model(self, scheduler_output):
             pass
 
     prompt_prefetch.install_v2(model.ngram_embedding.settings)(types.SimpleNamespace(GPUModelRunner=GPUModelRunner))

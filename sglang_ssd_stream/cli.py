@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .operate.model_cli import add_model_commands
     from .patching.cli import add_patch_commands
     from .sglang.doctor import add_doctor_command
+    from .sglang.hooks import ple_rank_rows
     from .sglang.side import SIDE as SGLANG_SIDE
     from .sidecar.cli import add_sidecar_commands
 
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_patch_commands(sub, "sglang")
     sidecar = sub.add_parser("sidecar", help="build and verify PLE sidecars")
-    add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=Parser))
+    add_sidecar_commands(sidecar.add_subparsers(dest="verb", required=True, parser_class=Parser),
+                         shard_rule=ple_rank_rows)  # the engine's TP split of the PLE tables, for profile
     model = sub.add_parser("model", help="fetch, build and check model views (checkpoint without PLE shards + sidecar)")
     add_model_commands(model.add_subparsers(dest="verb", required=True, parser_class=Parser))  # + fetch
     add_operate_commands(sub, SGLANG_SIDE)  # serve, plan, service, update-model, validate

@@ -31,6 +31,28 @@ def _gib(text: str) -> float:
     return value
 
 
+def ple_rank_rows(rows: int, rank: int, size: int, config) -> tuple[int, int]:
+    """``sidecar profile``'s TP split (:data:`sglang_ssd_stream.sidecar.profile.ShardRule`): one rank's rows of a
+    PLE table, by vLLM's own ``VocabParallelEmbedding`` constructor as ``Qwen4ExpPLEEmbedding`` runs it (padding:
+    the config's ``make_ngram_vocab_size_divisible_by``; the group that splits the table: rank and size), built
+    on the meta device. vLLM refuses a size that does not divide the table (an AssertionError, which profile
+    reports as a refusal)."""
+    from types import SimpleNamespace
+
+    from .doctor import require_vllm
+
+    require_vllm()
+    import torch
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    group = SimpleNamespace(rank_in_group=rank, world_size=size)  # all the constructor reads of the ETP group
+    with torch.device("meta"):
+        emb = VocabParallelEmbedding(rows, 1, params_dtype=torch.bfloat16,
+                                     padding_size=int(config.make_ngram_vocab_size_divisible_by),
+                                     parallel_group=group)
+    return emb.shard_indices.org_vocab_start_index, emb.shard_indices.org_vocab_end_index
+
+
 def build_parser():
     import argparse
 
@@ -48,7 +70,8 @@ def build_parser():
     from sglang_ssd_stream.sidecar.cli import add_profile_command
 
     sidecar = sub.add_parser("sidecar", help="PLE sidecar tools for vLLM (build and verify: sglang-ssd-stream sidecar)")
-    add_profile_command(sidecar.add_subparsers(dest="verb", required=True, parser_class=Parser), "vllm")
+    add_profile_command(sidecar.add_subparsers(dest="verb", required=True, parser_class=Parser), "vllm",
+                        ple_rank_rows)
     doctor = sub.add_parser(
         "doctor", help="check this machine and vLLM install for a PLE backend; every problem names its fix",
         description=f"The vLLM PLE plugin's checks on the configuration it would see: the {env.PREFIX}* variables "

@@ -369,6 +369,21 @@ def bind_embeddings(model, sidecar: config.Sidecar) -> dict[int, object]:
     return bound
 
 
+def ple_rank_rows(rows: int, rank: int, size: int, config=None) -> tuple[int, int]:
+    """``sidecar profile``'s TP split (:data:`..sidecar.profile.ShardRule`): TP rank ``rank``'s rows of a PLE table
+    of ``rows`` rows, the ``shard_indices`` :func:`bind_embeddings` binds. Computed by sglang's own
+    ``VocabParallelEmbedding`` constructor as ``Qwen4ExpNGramEmbedding`` calls it (the default padding, made a
+    multiple of the TP size when the table does not divide), on the meta device, the rank and size set through
+    sglang's own ``get_parallel().override``. ``config``: unused (sglang pads the PLE tables by its default)."""
+    import torch
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(tp_rank=rank, tp_size=size), torch.device("meta"):
+        emb = VocabParallelEmbedding(rows, 1, params_dtype=torch.bfloat16, output_dtype=torch.bfloat16)
+    return emb.shard_indices.org_vocab_start_index, emb.shard_indices.org_vocab_end_index
+
+
 def memory_line(bound: dict, budget_mb: int) -> str:
     """What the PLE layers of this process hold in host memory: the row caches and the staging."""
     from ..staging.host_memory import fmt_bytes

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, EXIT_USAGE, KitError
 
 
 def _human(n: int) -> str:
@@ -87,59 +87,82 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _Usage(KitError):
+    """A command line whose values do not fit together (argparse checks each alone)."""
+
+    exit_code = EXIT_USAGE
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
+    from .hot_rows import process_role
     from .profile import build_profile
     from .view import load_sidecar
 
+    if not 0 <= args.tp_rank < args.tp_size:
+        raise _Usage(f"--tp-rank {args.tp_rank} is not a rank of --tp-size {args.tp_size}")
     manifest = load_sidecar(args.artifact)
-    from .hot_rows import process_role
-
     role = args.role or process_role(args.engine, gpu=args.gpu, tp=args.tp_rank, pp=0)
-    prof = build_profile(manifest, args.model, args.corpus, role=role, rows=args.rows,
-                         row_range=tuple(args.row_range) if args.row_range else None, path=args.out)
+    prof = build_profile(manifest, args.model, args.corpus, role=role, rows=args.rows, tp_rank=args.tp_rank,
+                         tp_size=args.tp_size, shard_rule=args.shard_rule, path=args.out)
     if args.json:
-        print(json.dumps({"path": str(prof.path), "role": role,
+        print(json.dumps({"path": str(prof.path), "role": role, "tp_rank": prof.tp_rank, "tp_size": prof.tp_size,
                           "row_range": {str(k): list(v) for k, v in prof.row_range.items()},
                           "tokens": prof.tokens, "rows": prof.rows, "distinct": prof.distinct}, indent=1))
     else:
-        per = ", ".join(f"L{layer}: {n} of {prof.distinct[layer]} rows" for layer, n in sorted(prof.rows.items()))
+        per = ", ".join(f"L{layer} [{prof.row_range[layer][0]}, {prof.row_range[layer][1]}): {n} of "
+                        f"{prof.distinct[layer]} rows" for layer, n in sorted(prof.rows.items()))
         print(f"hot file {prof.path}: {prof.tokens} tokens profiled; {per}")
-        print(f"the {args.engine} process with role {role} serving these rows reads it at start when its hot-file "
-              f"share is set (docs/hot-file.md)")
+        print(f"the {args.engine} process with role {role} (TP rank {prof.tp_rank} of {prof.tp_size}) reads it at "
+              f"start when its hot-file share is set (docs/hot-file.md)")
     return EXIT_OK
 
 
-def add_profile_command(subparsers: argparse._SubParsersAction, engine: str) -> argparse.ArgumentParser:
-    """``sidecar profile``: a hot file from a text corpus, for ``engine``'s serving process."""
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected >= 1")
+    return value
+
+
+def add_profile_command(subparsers: argparse._SubParsersAction, engine: str, shard_rule=None
+                        ) -> argparse.ArgumentParser:
+    """``sidecar profile``: a hot file from a text corpus, for ``engine``'s serving process. ``shard_rule``
+    (:data:`.profile.ShardRule`): the engine's TP split of a PLE table, passed in by the adapter (this floor imports
+    no engine); without it, TP 1 only."""
     p = subparsers.add_parser(
         "profile", help="build a hot file from a text corpus, so a first start is warm too",
         description="Tokenize each corpus file with the model's tokenizer (one request each), hash it into each "
         "PLE table's row ids with the engine's n-gram hash, and write each table's most looked-up rows, with "
         "their bytes from the sidecar, to the hot file the serving process reads at start (docs/hot-file.md). "
-        "The file is named for one process: its row ranges (one TP rank) and role. Exit 0: written; 3: the model and "
-        "the sidecar do not fit together, or the corpus is empty; 4: an I/O error.")
+        "The file is named for one process: its TP rank's rows of each table (the engine's own vocab-parallel "
+        "split) and its role. Exit 0: written; 3: the model and the sidecar do not fit together, the engine "
+        "does not split the tables over --tp-size, or the corpus is empty; 4: an I/O error; 64: bad command line.")
     p.add_argument("artifact", help="the sidecar: its directory or ssd-stream.json")
     p.add_argument("--model", required=True, metavar="DIR", help="the model directory (config.json, tokenizer)")
     p.add_argument("--corpus", required=True, nargs="+", metavar="FILE", help="text files, one request each")
     p.add_argument("--rows", type=int, default=100_000, metavar="N",
                    help="rows per PLE table, most looked up first (default 100000; the server takes at most its "
                         "share of each row cache)")
-    p.add_argument("--row-range", type=int, nargs=2, metavar=("LO", "HI"),
-                   help="this rank's rows of every table (default: each whole table, TP 1; the tables differ in size, "
-                        "so a TP rank's per-table ranges are not expressible here yet)")
-    p.add_argument("--tp-rank", type=int, default=0, help="the TP rank, for the default role (default 0)")
+    p.add_argument("--tp-size", type=_positive, default=1, metavar="N",
+                   help="the server's TP size (default 1): each rank serves its own rows of each table")
+    p.add_argument("--tp-rank", type=int, default=0, metavar="R",
+                   help="the serving process's TP rank (default 0): its rows of each table, and its default role")
     p.add_argument("--gpu", type=int, default=0, help="the process's GPU index, for the default role (default 0)")
     p.add_argument("--role", help=f"the serving process's role (default {engine}-gpu<GPU>-tp<TP_RANK>-pp0; the server "
                    "names the file it looks for in its start-up warning)")
     p.add_argument("-o", "--out", metavar="PATH", help="write here instead of the kit's data directory")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=cmd_profile, engine=engine)
+    p.set_defaults(func=cmd_profile, engine=engine, shard_rule=shard_rule)
     return p
 
 
-def add_sidecar_commands(subparsers: argparse._SubParsersAction, engine: str = "sglang"
+def add_sidecar_commands(subparsers: argparse._SubParsersAction, engine: str = "sglang", shard_rule=None
                          ) -> dict[str, argparse.ArgumentParser]:
-    """Add ``build``, ``verify`` and ``profile`` to an argparse ``subparsers`` object.
+    """Add ``build``, ``verify`` and ``profile`` to an argparse ``subparsers`` object (``shard_rule``: see
+    :func:`add_profile_command`).
 
     Each parser gets ``set_defaults(func=handler)``; ``handler(args) -> int``. Returns the
     parsers by name.
@@ -186,4 +209,4 @@ def add_sidecar_commands(subparsers: argparse._SubParsersAction, engine: str = "
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_verify)
-    return {"build": b, "verify": v, "profile": add_profile_command(subparsers, engine)}
+    return {"build": b, "verify": v, "profile": add_profile_command(subparsers, engine, shard_rule)}

@@ -6,24 +6,33 @@ tokenizer (transformers, the engine's), hashed into each PLE table's row ids by 
 and the ``rows`` most frequent ids of each table (ties: the lower id) are written with their bytes, read from the
 sidecar, to the hot file the serving process will look for (:mod:`.hot_file`). The sidecar must be the model's:
 a hash whose row count is not the table's is refused.
+
+A TP rank serves a different row range of each table (the tables differ in size). The split is the engine's own
+vocab-parallel arithmetic, which this floor may not import: the adapters pass it in as a :data:`ShardRule`, and
+every rank's ranges must tile each table with none empty (what the serving hooks' ``check_model_shape`` asks of a
+rank), else the TP size is refused, never guessed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadKitData
-from .format import SidecarManifest
+from ..errors import BadKitData, EnvironmentProblem
+from .format import SidecarManifest, check_model_shape
 from .hot_file import hot_file_path, hottest, write_hot_file
 from .ngram import DEFAULT_SEED, NGramHash
 
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
+
+# (table rows, TP rank, TP size, the model's text config) -> that rank's rows [lo, hi) of the table, computed by the
+# engine's own code (the adapters' ``ple_rank_rows``).
+ShardRule = Callable[[int, int, int, object], tuple[int, int]]
 
 
 class ProfileRefused(BadKitData):
@@ -33,7 +42,9 @@ class ProfileRefused(BadKitData):
 @dataclass(frozen=True)
 class Profile:
     path: Path
-    row_range: dict[int, tuple[int, int]]  # layer -> the rows of each table (tables differ in size)
+    row_range: dict[int, tuple[int, int]]  # layer -> the rank's rows of each table (tables differ in size)
+    tp_rank: int
+    tp_size: int
     tokens: int
     rows: dict[int, int]  # layer -> rows written
     distinct: dict[int, int]  # layer -> distinct rows the corpus looks up in the range
@@ -74,11 +85,11 @@ def _keys(path: Path) -> list[str]:
         return list(f.keys())
 
 
-def model_hashes(model: str | os.PathLike, manifest: SidecarManifest) -> dict[int, NGramHash]:
+def model_hashes(model: str | os.PathLike, manifest: SidecarManifest, cfg=None) -> dict[int, NGramHash]:
     """Each sidecar table's n-gram hash as the engine builds it for ``model`` (its config through transformers,
     the checkpoint's hash buffers where it has them). Refuses a hash whose row count is not the table's."""
     model = Path(model)
-    cfg = _text_config(model)
+    cfg = _text_config(model) if cfg is None else cfg
     ple_ids = sorted(set(int(x) for x in getattr(cfg, "ple_layer_ids", None) or []))
     out = {}
     for table in manifest.tables:
@@ -107,6 +118,45 @@ def model_hashes(model: str | os.PathLike, manifest: SidecarManifest) -> dict[in
     return out
 
 
+def _engine_split(rule: ShardRule, rows: int, size: int, cfg, layer: int) -> list[tuple[int, int]]:
+    """Every rank's rows of one table by the engine's rule; refused unless they tile ``[0, rows)`` with no rank
+    empty (a server whose rank gets no rows of a table refuses to start: ``check_model_shape``)."""
+    try:
+        split = [tuple(int(x) for x in rule(rows, rank, size, cfg)) for rank in range(size)]
+    except (AssertionError, ValueError, ArithmeticError) as exc:  # the engine's own refusal (vLLM: not divisible)
+        raise ProfileRefused(f"the engine does not split layer {layer}'s PLE table ({rows} rows) over TP {size}: "
+                             f"{exc or type(exc).__name__}") from None
+    except ImportError as exc:  # the split is the engine's code: profile a TP rank in the engine's runtime
+        raise EnvironmentProblem(f"the engine's TP split of the PLE tables needs the engine in this runtime: "
+                                 f"{exc}") from None
+    empty = [rank for rank, (lo, hi) in enumerate(split) if lo >= hi]
+    if empty:
+        raise ProfileRefused(f"TP {size} leaves rank {empty[0]} no rows of layer {layer}'s PLE table ({rows} rows; "
+                             f"the engine's split: {split}); a server of that size refuses to start")
+    if split[0][0] != 0 or split[-1][1] != rows or any(split[r][1] != split[r + 1][0] for r in range(size - 1)):
+        raise ProfileRefused(f"the engine's split of layer {layer}'s PLE table ({rows} rows) over TP {size} does "
+                             f"not tile it: {split}")
+    return split
+
+
+def rank_ranges(manifest: SidecarManifest, hashes: dict[int, NGramHash], cfg, *, tp_rank: int, tp_size: int,
+                shard_rule: ShardRule | None) -> dict[int, tuple[int, int]]:
+    """This TP rank's rows of each table, as the engine splits them at serve time, checked as the serving hooks
+    check them. TP 1 serves each whole table in both engines, so it needs no rule."""
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"TP rank {tp_rank} of TP size {tp_size}: expected 0 <= rank < size")
+    if tp_size > 1 and shard_rule is None:
+        raise ProfileRefused(f"this command does not know the engine's TP split of the PLE tables; profile TP "
+                             f"{tp_size} with the engine's own CLI")
+    out = {}
+    for table in manifest.tables:
+        rows = hashes[table.layer].rows  # the model's table size: what the engine's embedding is built with
+        lo, hi = (0, rows) if tp_size == 1 else _engine_split(shard_rule, rows, tp_size, cfg, table.layer)[tp_rank]
+        check_model_shape(table, dtype=table.dtype, columns=table.columns, rows=rows, row_range=(lo, hi))
+        out[table.layer] = (lo, hi)
+    return out
+
+
 def corpus_tokens(model: str | os.PathLike, files: Sequence[str | os.PathLike]) -> list[np.ndarray]:
     """Each file's token ids by the model's own tokenizer (one request each)."""
     from transformers import AutoTokenizer
@@ -127,22 +177,22 @@ def _counts(hasher: NGramHash, requests: Iterable[np.ndarray], lo: int, hi: int)
 
 
 def build_profile(manifest: SidecarManifest, model: str | os.PathLike, corpus: Sequence[str | os.PathLike], *,
-                  role: str, rows: int, row_range: tuple[int, int] | None = None,
+                  role: str, rows: int, tp_rank: int = 0, tp_size: int = 1, shard_rule: ShardRule | None = None,
                   path: str | os.PathLike | None = None) -> Profile:
-    """Write the hot file of ``role`` and ``row_range`` (one range for every table; default: each whole table, one
-    rank) from ``corpus``:
-    each table's ``rows`` most looked-up rows, most first."""
+    """Write the hot file of ``role`` and TP rank ``tp_rank`` of ``tp_size`` (its rows of each table by
+    ``shard_rule``, the engine's split; TP 1: each whole table) from ``corpus``: each table's ``rows`` most
+    looked-up rows, most first."""
     from . import SidecarReader
 
     if rows < 1:
         raise ValueError(f"rows per layer {rows}: expected >= 1")
-    hashes = model_hashes(model, manifest)
+    cfg = _text_config(Path(model))
+    hashes = model_hashes(model, manifest, cfg)
+    ranges = rank_ranges(manifest, hashes, cfg, tp_rank=tp_rank, tp_size=tp_size, shard_rule=shard_rule)
     requests = corpus_tokens(model, corpus)
     tokens = int(sum(t.size for t in requests))
     if not tokens:
         raise ProfileRefused("the corpus has no text to profile")
-    ranges = {t.layer: tuple(row_range) if row_range is not None else (t.row_start, t.row_start + t.rows)
-              for t in manifest.tables}
     layers, written, distinct = {}, {}, {}
     for table in manifest.tables:
         lo, hi = ranges[table.layer]
@@ -164,4 +214,4 @@ def build_profile(manifest: SidecarManifest, model: str | os.PathLike, corpus: S
         raise ProfileRefused("the corpus looks up no row of this range")
     target = Path(path) if path is not None else hot_file_path(manifest, ranges, role)
     write_hot_file(target, manifest, ranges, layers, role=role)
-    return Profile(target, ranges, tokens, written, distinct)
+    return Profile(target, ranges, tp_rank, tp_size, tokens, written, distinct)

@@ -11,11 +11,13 @@ from sglang_ssd_stream.patching.manifest import known_manifests
 from sglang_ssd_stream.sglang import hooks
 
 # read or reproduced, not wrapped: the one-layer-ahead call the gather relies on, the n-gram hash the
-# prefetch computes on the host, and where a verify row's n-gram history comes from and is committed
+# prefetch computes on the host, where a verify row's n-gram history comes from and is committed, and
+# how each PLE table is split over TP ranks (sidecar profile reproduces it)
 RELIED_ON = ("sglang.srt.models.qwen4_exp.Qwen4ExpPLELayer.start_prefetch",
              "sglang.srt.models.qwen4_exp.Qwen4ExpNGramEmbedding._hash_contexts",
              "sglang.srt.models.qwen4_exp._prepare_ple_batch",
-             "sglang.srt.models.qwen4_exp._commit_ple_batch")
+             "sglang.srt.models.qwen4_exp._commit_ple_batch",
+             "sglang.srt.models.qwen4_exp.Qwen4ExpNGramEmbedding.__init__")
 
 
 def _watched() -> set[tuple[str, str]]:
@@ -34,7 +36,7 @@ def test_every_hook_target_is_watched():
     watched = _watched()
     missing = [t for t in targets if not _located(t, watched)]
     assert missing == [], f"not in the sglang {ENGINES['sglang'].pinned} manifest's watch list: {missing}"
-    assert len(targets) == 14
+    assert len(targets) == 15
 
 
 def test_the_check_sees_a_target_that_is_not_watched():

@@ -2,7 +2,11 @@
 
 The tiny qwen4_exp of the e2e suite (its real tokenizer and config through transformers) and its sidecar built by
 the kit: the file holds each table's most looked-up rows of the corpus, with the sidecar's bytes, for the process
-the engine will run; another model's sidecar and an empty corpus are refused."""
+the engine will run; another model's sidecar and an empty corpus are refused.
+
+A TP rank's rows of each table come from the engine's own split, passed in by the adapter: in the SGLang venv the
+CLI's rule must give the ranges sglang 0.5.23's real ``Qwen4ExpNGramEmbedding`` binds at TP 2, 3 and 4 (the vLLM
+venv checks vLLM's: ``tests/vllm/test_profile_tp.py``); a split the floor cannot trust is refused, never guessed."""
 
 from __future__ import annotations
 
@@ -91,16 +95,134 @@ def test_the_hot_file_holds_the_corpus_hottest_rows_for_the_serving_process(mode
 
 
 def test_the_vllm_cli_names_its_own_process(model_and_sidecar, tmp_path):
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
     model, sidecar, files = model_and_sidecar
     r = subprocess.run([sys.executable, "-m", "vllm_ple_offload.cli", "sidecar", "profile", str(sidecar), "--model",
-                        str(model), "--corpus", str(files[0]), "--rows", "5", "--tp-rank", "1", "--gpu", "1",
-                        "--row-range", "0", "100", "--json"], capture_output=True, text=True, timeout=600, cwd=REPO,
+                        str(model), "--corpus", str(files[0]), "--rows", "5", "--gpu", "1", "--json"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO,
                        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
                             "SGLANG_SSD_STREAM_HOME": str(tmp_path / "kit"), "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
-    assert doc["role"] == "vllm-gpu1-tp1-pp0" and set(map(tuple, doc["row_range"].values())) == {(0, 100)}
-    assert all(n <= 5 for n in doc["rows"].values()) and "-rows0-100-vllm-gpu1-tp1-pp0" in doc["path"]
+    whole = {str(t.layer): [0, t.rows] for t in load_sidecar(sidecar).tables}  # TP 1: each whole table
+    assert doc["role"] == "vllm-gpu1-tp0-pp0" and (doc["tp_rank"], doc["tp_size"]) == (0, 1)
+    assert doc["row_range"] == whole and all(n <= 5 for n in doc["rows"].values())
+    assert doc["path"].endswith("-vllm-gpu1-tp0-pp0.plehot")
+
+
+def _split(rows: int, rank: int, size: int) -> tuple[int, int]:
+    return rank * rows // size, (rank + 1) * rows // size
+
+
+def _refuse_4096_over_3(rows, rank, size, cfg):
+    assert rows % size == 0, f"{rows} is not divisible by {size}"  # as vLLM's divide() refuses
+    return _split(rows, rank, size)
+
+
+def _missing_engine(rows, rank, size, cfg):
+    raise ModuleNotFoundError("No module named 'vllm'")
+
+
+@pytest.mark.parametrize("rule,size,error,why", [
+    (None, 2, "ProfileRefused", "does not know the engine's TP split"),
+    (_refuse_4096_over_3, 3, "ProfileRefused", "does not split layer 0's PLE table (4096 rows) over TP 3: 4096 is not "
+                                               "divisible by 3"),
+    (lambda rows, r, n, cfg: (0, rows) if r == 0 else (rows, rows), 2, "ProfileRefused", "leaves rank 1 no rows"),
+    (lambda rows, r, n, cfg: (_split(rows, r, n)[0], _split(rows, r, n)[1] - 1), 2, "ProfileRefused",
+     "does not tile it"),  # a gap: rows no rank serves
+    (lambda rows, r, n, cfg: (0, rows), 2, "ProfileRefused", "does not tile it"),  # every rank everything
+    (lambda rows, r, n, cfg: (r * rows, (r + 1) * rows), 2, "ProfileRefused", "does not tile it"),  # past the end
+    (_missing_engine, 2, "EnvironmentProblem", "needs the engine in this runtime: No module named 'vllm'"),
+])
+def test_a_split_the_floor_cannot_trust_is_refused(model_and_sidecar, rule, size, error, why):
+    from sglang_ssd_stream.sidecar.profile import model_hashes, rank_ranges
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    model, sidecar, _ = model_and_sidecar
+    manifest = load_sidecar(sidecar)
+    with pytest.raises(Exception) as got:
+        rank_ranges(manifest, model_hashes(model, manifest), None, tp_rank=size - 1, tp_size=size, shard_rule=rule)
+    assert type(got.value).__name__ == error and why in str(got.value), got.value
+
+
+def test_tp_1_serves_each_whole_table_and_a_rank_outside_the_size_is_a_usage_error(model_and_sidecar, tmp_path):
+    from sglang_ssd_stream.sidecar.profile import model_hashes, rank_ranges
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    model, sidecar, files = model_and_sidecar
+    manifest = load_sidecar(sidecar)
+
+    def never(*a):
+        raise AssertionError("TP 1 needs no engine")
+
+    assert rank_ranges(manifest, model_hashes(model, manifest), None, tp_rank=0, tp_size=1, shard_rule=never) == {
+        t.layer: (0, t.rows) for t in manifest.tables}
+    for args, why in ((["--tp-size", "2", "--tp-rank", "2"], "--tp-rank 2 is not a rank of --tp-size 2"),
+                      (["--tp-rank", "-1"], "--tp-rank -1 is not a rank of --tp-size 1"),
+                      (["--tp-size", "0"], "0: expected >= 1")):
+        r = _cli(sidecar, "--model", model, "--corpus", *files, *args, home=tmp_path)
+        assert r.returncode == 64 and why in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "kit" / "hot").exists()
+
+
+def _sglang_ranges(model: Path, manifest, size: int, table_dir: Path) -> list[dict[int, tuple[int, int]]]:
+    """Each rank's rows of each table as sglang's real ``Qwen4ExpNGramEmbedding`` (its offloaded table, whose
+    ``shard_indices`` the serving hook binds) is built at TP ``size``: the rank set through sglang's own override,
+    as tests/sglang/checks/check_ple_hook.py builds it."""
+    from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
+    from sglang.srt.models.qwen4_exp import Qwen4ExpNGramEmbedding
+    from sglang.srt.runtime_context import get_parallel
+
+    text = json.loads((model / "config.json").read_text())["text_config"]
+    cfg = Qwen4ExpTextConfig(**{**text, "ple_offload_embedding": True, "ple_offload_backend": "file",
+                                "ple_offload_dir": str(table_dir)})
+    dense = sorted(text["ple_layer_ids"])
+    out = []
+    for rank in range(size):
+        got = {}
+        with get_parallel().override(tp_rank=rank, tp_size=size, attn_tp_rank=rank, attn_tp_size=size,
+                                     moe_tp_rank=rank, moe_tp_size=size):
+            for t in manifest.tables:
+                emb = Qwen4ExpNGramEmbedding(cfg, cfg.ple_embed_dim, ple_layer_index=dense.index(t.layer + 1))
+                e = emb.ngram_embedding
+                assert type(e).__name__ == "Qwen4ExpPinnedHostEmbedding" and e.org_vocab_size == t.rows
+                got[t.layer] = (e.shard_indices.org_vocab_start_index, e.shard_indices.org_vocab_end_index)
+        out.append(got)
+    return out
+
+
+def test_each_sglang_rank_profile_binds_the_ranges_sglang_serves(model_and_sidecar, tmp_path, monkeypatch, caplog):
+    pytest.importorskip("sglang")
+    from sglang_ssd_stream.cli import build_parser
+    from sglang_ssd_stream.sidecar.hot_file import hot_file_path, read_hot_file
+    from sglang_ssd_stream.sidecar.profile import build_profile
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
+    model, sidecar, files = model_and_sidecar
+    manifest = load_sidecar(sidecar)
+    rule = build_parser().parse_args(["sidecar", "profile", str(sidecar), "--model", str(model), "--corpus",
+                                      str(files[0])]).shard_rule  # the rule the sglang CLI passes in
+    assert rule is not None, "sglang_ssd_stream/cli.py mounts `sidecar profile` without sglang's TP split"
+    (tmp_path / "tables").mkdir()
+    for size in (2, 3, 4):
+        want = _sglang_ranges(model, manifest, size, tmp_path / "tables")
+        if size == 3:  # sglang pads 4,096 rows to 4,224 (a multiple of 64 x 3): its last rank serves fewer
+            assert [w[0] for w in want] == [(0, 1408), (1408, 2816), (2816, 4096)]
+        for rank in range(size):
+            role = f"sglang-gpu{rank}-tp{rank}-pp0"
+            prof = build_profile(manifest, model, files, role=role, rows=30, tp_rank=rank, tp_size=size,
+                                 shard_rule=rule)
+            assert prof.row_range == want[rank], (size, rank, prof.row_range, want[rank])
+            assert prof.path == hot_file_path(manifest, want[rank], role)
+            got = read_hot_file(prof.path, manifest, want[rank], 1 << 30)
+            assert got is not None and got.layers
+            for layer, (ids, _) in got.layers.items():
+                assert ((ids >= want[rank][layer][0]) & (ids < want[rank][layer][1])).all()
+            caplog.clear()
+            assert read_hot_file(prof.path, manifest, want[(rank + 1) % size], 1 << 30) is None
+            assert "another row range" in caplog.text
 
 
 def test_another_models_sidecar_and_an_empty_corpus_are_refused(model_and_sidecar, tmp_path):

@@ -71,7 +71,7 @@ class Knob:
             default = "" if self.default is None else f"; default {self.default}"
             return f"{self.lo}–{self.hi:,}{self.unit}{default}"
         if self.kind == FLAG:
-            return "`1` or `0` (default)"
+            return "`1` (default) or `0`" if self.default else "`1` or `0` (default)"
         if self.kind == CHOICE:
             return " \\| ".join(f"`{c}`" + (" (default)" if c == self.default else "") for c in self.choices)
         return "a path list (`:`-separated)" if self.kind == PATHS else "a path"
@@ -122,6 +122,10 @@ _SHARED = (
             extra={VLLM: "(refused with `VLLM_PLE_ROW_CACHE_MB=0`; runs in vLLM's V2 model runner)"},
             kwargs=dict(default=PREFETCH_DEFAULT_CHUNKS, lo=0, hi=PREFETCH_MAX_CHUNKS, unit=" chunks",
                         what="an integer number of prefill chunks ahead (e.g. 2; 0: the scheduled chunk only)")),
+    _Shared("PREFETCH_DRAFTS", FLAG, "with MTP, read each verify step's PLE rows into the row cache as soon as its "
+            "draft tokens exist ([sidecar.md](sidecar.md)); `0`: a verify step reads its misses when it looks them up. "
+            "Proven on the CPU servers, not yet measured on a GPU",
+            extra={VLLM: "(with a row cache only)"}, kwargs=dict(default=True)),
     _Shared("HOT_SHARE_PCT", INT, "the hot file ([hot-file.md](hot-file.md)): the part of each row cache, in "
             "percent, that the process's most-looked-up rows fill at start (read in one sequential pass) and that "
             "it writes back; `0`: no hot file. Off by default until measured (issue 27)",

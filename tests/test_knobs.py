@@ -122,7 +122,9 @@ def test_sglang_settings_read_once_into_a_frozen_object():
         s.row_cache_mb = 5  # frozen
     d = settings.read_settings({})
     assert (d.io, d.read_workers, d.gather, d.row_cache_mb, d.prefetch_chunks, d.ple_max_tokens, d.qsa_budget_mb,
-            d.allow_unpatched, d.no_verify) == ("mmap", 16, "h2d", 1024, 1, None, None, False, False)
+            d.allow_unpatched, d.no_verify, d.prefetch_drafts) == ("mmap", 16, "h2d", 1024, 1, None, None, False, False,
+                                                                   True)
+    assert settings.read_settings({"SGLANG_SSD_STREAM_PREFETCH_DRAFTS": "0"}).prefetch_drafts is False
 
 
 def test_sglang_refuses_an_unknown_or_retired_name():

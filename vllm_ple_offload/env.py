@@ -52,11 +52,12 @@ NO_VERIFY = knob(VLLM, "NO_VERIFY").name  # "1": skip the sidecar's one-time SHA
 ALLOW_UNPATCHED = knob(VLLM, "ALLOW_UNPATCHED").name
 ROW_CACHE_MB = knob(VLLM, "ROW_CACHE_MB").name
 PREFETCH_CHUNKS = knob(VLLM, "PREFETCH_CHUNKS").name
+PREFETCH_DRAFTS = knob(VLLM, "PREFETCH_DRAFTS").name
 HOT_SHARE_PCT = knob(VLLM, "HOT_SHARE_PCT").name
 HOT_INTERVAL_S = knob(VLLM, "HOT_INTERVAL_S").name
 KNOWN = tuple(VLLM_KNOBS)
 STREAMING_ONLY = (SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ROW_CACHE_MB, PREFETCH_CHUNKS,
-                  HOT_SHARE_PCT, HOT_INTERVAL_S)
+                  PREFETCH_DRAFTS, HOT_SHARE_PCT, HOT_INTERVAL_S)
 
 # vLLM's plugin allowlist and our entry point's name in it (pyproject: vllm.general_plugins).
 PLUGINS_ENV = "VLLM_PLUGINS"
@@ -96,6 +97,7 @@ class PleSettings:
     no_verify: bool = False  # skip the sidecar's SHA-256 check (streaming backends only)
     row_cache_mb: int = 0  # row cache budget for all PLE layers of the process (streaming only; 0 = off)
     prefetch_chunks: int = DEFAULT_PREFETCH_CHUNKS  # prompt-ahead window (with a row cache only)
+    prefetch_drafts: bool = True  # with MTP: a verify step's rows read as soon as its drafts exist
     hot_share_pct: int = 0  # the hot file's part of each row cache (0: none; with a row cache only)
     hot_interval_s: int = 600  # seconds between hot-file writes (0: only at a clean shutdown)
 
@@ -186,6 +188,9 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
     if row_cache_mb == 0 and PREFETCH_CHUNKS in env:
         raise PleSettingsError(f"{PREFETCH_CHUNKS} set while {ROW_CACHE_MB}=0: prompt-ahead prefetch reads rows into "
                                f"the row cache, which is off; unset {PREFETCH_CHUNKS}, or give the cache a budget")
+    if row_cache_mb == 0 and PREFETCH_DRAFTS in env:
+        raise PleSettingsError(f"{PREFETCH_DRAFTS} set while {ROW_CACHE_MB}=0: a verify step's rows are read into the "
+                               f"row cache, which is off; unset {PREFETCH_DRAFTS}, or give the cache a budget")
     hot_share_pct = _read(env, HOT_SHARE_PCT)
     if row_cache_mb == 0 and hot_share_pct:
         raise PleSettingsError(f"{HOT_SHARE_PCT}={hot_share_pct} while {ROW_CACHE_MB}=0: the hot file fills the row "
@@ -200,6 +205,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         no_verify=_read(env, NO_VERIFY),
         row_cache_mb=row_cache_mb,
         prefetch_chunks=_read(env, PREFETCH_CHUNKS),
+        prefetch_drafts=_read(env, PREFETCH_DRAFTS),
         hot_share_pct=hot_share_pct,
         hot_interval_s=_read(env, HOT_INTERVAL_S),
     )

@@ -390,7 +390,7 @@ def install_v2(settings: env.PleSettings):
                 batch = state.input_batch if state is not None and self.speculator is not None else None
                 result = original(self, *args, **kwargs)
                 hook = _hook
-                if hook is not None and batch is not None and self.is_last_pp_rank:
+                if hook is not None and batch is not None and self.is_last_pp_rank and settings.prefetch_drafts:
                     try:
                         hook.drafted(self, batch)
                     except Exception as exc:  # noqa: BLE001 - advisory, as the prompt chunks' fetch

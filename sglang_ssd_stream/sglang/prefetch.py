@@ -169,7 +169,7 @@ def draft_source(worker, batch, verify_input):
 def around_draft(original, self, batch, *args, **kwargs):
     result = original(self, batch, *args, **kwargs)
     prefetchers = active()
-    if prefetchers and batch is not None and not batch.forward_mode.is_idle():
+    if prefetchers and batch is not None and not batch.forward_mode.is_idle() and _drafts_on():
         try:
             verify_input = result[0] if isinstance(result, tuple) else result
             source, on_device = draft_source(self, batch, verify_input)
@@ -182,6 +182,12 @@ def around_draft(original, self, batch, *args, **kwargs):
         except Exception as exc:  # noqa: BLE001 - advisory
             _warn_once("fetching a verify step's rows ahead", exc)
     return result
+
+
+def _drafts_on() -> bool:
+    from . import settings
+
+    return settings.current().prefetch_drafts  # cached per set of values: no parse per step
 
 
 def _misses(prefetchers) -> int:

@@ -27,6 +27,7 @@ PLE_MAX_TOKENS = _k(SGLANG, "PLE_MAX_TOKENS")
 PLE_GATHER = _k(SGLANG, "PLE_GATHER")
 ROW_CACHE_MB = _k(SGLANG, "ROW_CACHE_MB")
 PREFETCH_CHUNKS = _k(SGLANG, "PREFETCH_CHUNKS")
+PREFETCH_DRAFTS = _k(SGLANG, "PREFETCH_DRAFTS")
 HOT_SHARE_PCT = _k(SGLANG, "HOT_SHARE_PCT")
 HOT_INTERVAL_S = _k(SGLANG, "HOT_INTERVAL_S")
 TRUSTED_ROOTS = _k(SGLANG, "TRUSTED_ROOTS")
@@ -46,6 +47,7 @@ class Settings:
     gather: str  # h2d | uva
     row_cache_mb: int  # 0: no row cache and no prefetch
     prefetch_chunks: int
+    prefetch_drafts: bool  # with MTP: a verify step's rows read as soon as its drafts exist
     hot_share_pct: int  # 0: no hot file
     hot_interval_s: int
     trusted_roots: tuple[str, ...]
@@ -75,6 +77,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         no_verify=NO_VERIFY.read(env), io=IO.read(env), read_workers=READ_WORKERS.read(env),
         ple_max_tokens=PLE_MAX_TOKENS.read(env),
         gather=PLE_GATHER.read(env), row_cache_mb=ROW_CACHE_MB.read(env), prefetch_chunks=PREFETCH_CHUNKS.read(env),
+        prefetch_drafts=PREFETCH_DRAFTS.read(env),
         hot_share_pct=HOT_SHARE_PCT.read(env), hot_interval_s=HOT_INTERVAL_S.read(env),
         trusted_roots=TRUSTED_ROOTS.read(env) or (), allow_unpatched=ALLOW_UNPATCHED.read(env),
         qsa_budget_mb=QSA_BUDGET.read(env))

@@ -217,14 +217,24 @@ def test_prefetch_without_a_cache_is_refused():
         env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_PREFETCH_CHUNKS": "2"})
 
 
+def test_the_verify_step_fetch_is_on_with_a_cache_and_its_knob_turns_it_off():
+    assert env.read_settings(STREAM).prefetch_drafts is True
+    assert env.read_settings({**STREAM, "VLLM_PLE_PREFETCH_DRAFTS": "0"}).prefetch_drafts is False
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_PREFETCH_DRAFTS set while VLLM_PLE_ROW_CACHE_MB=0: a "
+                                               "verify step's rows are read into the row cache, which is off"):
+        env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_PREFETCH_DRAFTS": "1"})
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_PREFETCH_DRAFTS='yes' must be 0 or 1"):
+        env.read_settings({**STREAM, "VLLM_PLE_PREFETCH_DRAFTS": "yes"})
+
+
 def test_the_shared_knobs_are_declared_once_for_both_engines():
     """The row cache and prefetch knobs of both engines come from one declaration: same default and bounds."""
     from sglang_ssd_stream.knobs import knob
 
-    for suffix in ("ROW_CACHE_MB", "PREFETCH_CHUNKS"):
+    for suffix in ("ROW_CACHE_MB", "PREFETCH_CHUNKS", "PREFETCH_DRAFTS"):
         s, v = knob("sglang", suffix), knob("vllm", suffix)
         assert (s.default, s.lo, s.hi, s.unit) == (v.default, v.lo, v.hi, v.unit) and v.name == "VLLM_PLE_" + suffix
-    assert {env.ROW_CACHE_MB, env.PREFETCH_CHUNKS} <= set(env.KNOWN) & set(env.STREAMING_ONLY)
+    assert {env.ROW_CACHE_MB, env.PREFETCH_CHUNKS, env.PREFETCH_DRAFTS} <= set(env.KNOWN) & set(env.STREAMING_ONLY)
 
 
 def test_the_hot_file_needs_a_row_cache():

@@ -3,7 +3,7 @@
 #   scripts/test.sh [sglang] [vllm] [e2e] [e2e-vllm] [-- extra pytest args]   (no suite named: all four)
 # Builds or reuses the cached engine venvs (scripts/engine-venv.sh), then runs, per venv,
 # the core tests and that engine's real-engine tests; e2e starts the real sglang server of the
-# sglang venv on this CPU (tests/e2e, marker e2e; 16 server starts, ~13 min on a 2-core box);
+# sglang venv on this CPU (tests/e2e, marker e2e; 18 server starts, ~20 min on a 2-core box);
 # e2e-vllm the real vLLM OpenAI server of the vllm venv, which it never patches (tests/e2e_vllm,
 # marker e2e_vllm; 10 server starts, ~14 min on a 2-core box).
 # Exit status: non-zero if any test failed.

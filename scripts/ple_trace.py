@@ -110,6 +110,19 @@ def distinct_pages(ids: np.ndarray) -> int:
     return int(np.unique(np.concatenate([start // PAGE, (start + ROW_BYTES - 1) // PAGE])).size)
 
 
+def save_trace(out_dir: Path, tokens: np.ndarray, starts: np.ndarray, h) -> np.ndarray:
+    """Hash each request's tokens (from an EOS history) with ``h`` and save ``tokens.npy``, ``starts.npy`` and
+    ``ids.npy`` in ``out_dir``; returns the ids ``[tokens, heads]``."""
+    ids = np.empty((tokens.size, h.ngram_heads), np.uint32)
+    for a, b in zip(starts[:-1], starts[1:], strict=False):  # each request starts from an EOS history
+        ids[a:b] = h.ids(tokens[a:b])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    np.save(out_dir / "tokens.npy", tokens)
+    np.save(out_dir / "starts.npy", starts)
+    np.save(out_dir / "ids.npy", ids)
+    return ids
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, required=True, help="a Python standard library directory")
@@ -137,13 +150,7 @@ def main(argv=None) -> int:
     starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
 
     h = qwen38_flash_next()
-    ids = np.empty((tokens.size, h.ngram_heads), np.uint32)
-    for a, b in zip(starts[:-1], starts[1:], strict=False):  # each request starts from an EOS history
-        ids[a:b] = h.ids(tokens[a:b])
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    np.save(args.out_dir / "tokens.npy", tokens)
-    np.save(args.out_dir / "starts.npy", starts)
-    np.save(args.out_dir / "ids.npy", ids)
+    ids = save_trace(args.out_dir, tokens, starts, h)
 
     flat = ids.reshape(-1)
     stats = {

@@ -427,6 +427,8 @@ def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], bu
         digests = [bytes(rest[meta_len + DIGEST * i: meta_len + DIGEST * (i + 1)]) for i in range(nseg)]
 
         r = _take(tables, budget)
+        # the end of the last segment the cut needs: the read-ahead stops there, so a small share reads no more
+        need_end = header_end + sum((b - a) * (tables[t][1] + _ID.itemsize) for t, a, b in segments if a < r)
         out = {layer: (np.empty(min(r, n), _ID), np.empty((min(r, n), rb), np.uint8)) for layer, rb, n in tables}
         pool = concurrent.futures.ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="ple-hot-check")
         checks = []
@@ -435,10 +437,10 @@ def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], bu
             if a >= r:
                 break  # rank-major: every later segment is past the cut too
             layer, rb, _ = tables[t]
-            if pos >= ahead - READAHEAD // 2:
+            if pos >= ahead - READAHEAD // 2 and ahead < need_end:
                 # ask for the next window while this thread copies (the disk stays busy), and drop what was
                 # copied: the rows now live in the caller's memory, the page cache need not hold them twice
-                os.posix_fadvise(fd, ahead, READAHEAD, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, ahead, min(READAHEAD, need_end - ahead), os.POSIX_FADV_WILLNEED)
                 os.posix_fadvise(fd, 0, pos, os.POSIX_FADV_DONTNEED)
                 ahead += READAHEAD
             pos += (b - a) * (rb + _ID.itemsize)

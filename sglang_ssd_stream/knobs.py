@@ -128,9 +128,10 @@ _SHARED = (
             extra={VLLM: "(with a row cache only)"}, kwargs=dict(default=True)),
     _Shared("HOT_SHARE_PCT", INT, "the hot file ([hot-file.md](hot-file.md)): the part of each row cache, in "
             "percent, that the process's most-looked-up rows fill at start (read in one sequential pass) and that "
-            "it writes back; `0`: no hot file. Off by default until measured (issue 27)",
+            "it writes back; `0`: no hot file. The default, the whole cache, read the fewest rows in the CPU "
+            "measurement ([hot-file-measured.md](hot-file-measured.md))",
             extra={VLLM: "(with a row cache only)"},
-            kwargs=dict(default=0, lo=0, hi=100, unit=" %", what="an integer percentage 0..100 (0: no hot file)")),
+            kwargs=dict(default=100, lo=0, hi=100, unit=" %", what="an integer percentage 0..100 (0: no hot file)")),
     _Shared("HOT_INTERVAL_S", INT, "seconds between hot-file writes while serving (a clean shutdown writes once "
             "more); `0`: only at shutdown", kwargs=dict(default=600, lo=0, hi=86400, unit=" s")),
     _Shared("ALLOW_UNPATCHED", FLAG, "`1` lets the plugin run on a *pristine* (never an unknown) engine, with a "

@@ -98,7 +98,7 @@ class PleSettings:
     row_cache_mb: int = 0  # row cache budget for all PLE layers of the process (streaming only; 0 = off)
     prefetch_chunks: int = DEFAULT_PREFETCH_CHUNKS  # prompt-ahead window (with a row cache only)
     prefetch_drafts: bool = True  # with MTP: a verify step's rows read as soon as its drafts exist
-    hot_share_pct: int = 0  # the hot file's part of each row cache (0: none; with a row cache only)
+    hot_share_pct: int = 0  # the hot file's part of each row cache (0: none; with a row cache only, default 100)
     hot_interval_s: int = 600  # seconds between hot-file writes (0: only at a clean shutdown)
 
     @property
@@ -192,9 +192,11 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         raise PleSettingsError(f"{PREFETCH_DRAFTS} set while {ROW_CACHE_MB}=0: a verify step's rows are read into the "
                                f"row cache, which is off; unset {PREFETCH_DRAFTS}, or give the cache a budget")
     hot_share_pct = _read(env, HOT_SHARE_PCT)
-    if row_cache_mb == 0 and hot_share_pct:
+    if row_cache_mb == 0 and hot_share_pct and HOT_SHARE_PCT in env:
         raise PleSettingsError(f"{HOT_SHARE_PCT}={hot_share_pct} while {ROW_CACHE_MB}=0: the hot file fills the row "
                                f"cache, which is off; unset {HOT_SHARE_PCT}, or give the cache a budget")
+    if row_cache_mb == 0:
+        hot_share_pct = 0  # the default share needs a cache to fill
     return PleSettings(
         backend=backend,
         sidecar=Path(sidecar) if sidecar else None,

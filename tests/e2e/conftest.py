@@ -403,14 +403,11 @@ def qwen4_sidecar_pread(stage, qwen4_model, sidecar) -> Scenario:
     return _sidecar_scenario(stage, qwen4_model, sidecar, "qwen4-sidecar-pread", "pread")
 
 
-HOT_SHARE_PCT = "50"
-
-
 def _hot_scenario(stage, qwen4_model, sidecar, home: Path, name: str) -> Scenario:
-    """The default launch with the hot file on (its own data directory ``home``): the greedy prompts twice,
-    the first pass on whatever the start brought (cold, or the hot file), the second warm."""
+    """The default launch (the hot file on by default) over its own data directory ``home``: the greedy prompts
+    twice, the first pass on whatever the start brought (cold, or the hot file), the second warm."""
     env = {"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": "mmap",
-           "SGLANG_SSD_STREAM_HOME": str(home), "SGLANG_SSD_STREAM_HOT_SHARE_PCT": HOT_SHARE_PCT}
+           "SGLANG_SSD_STREAM_HOME": str(home)}
     sc = stage.serve(name, "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s), "warm": greedy_runs(s)},
                      standin=True, args=qwen4_args("--ple-offload-embedding"), env=env)
     sc.results["hot_files"] = sorted((home / "hot").glob("*.plehot")) if (home / "hot").is_dir() else []
@@ -424,8 +421,8 @@ def hot_home(e2e_root) -> Path:
 
 @pytest.fixture(scope="session")
 def qwen4_sidecar_cache(stage, qwen4_model, sidecar, hot_home) -> Scenario:
-    """The default launch (issue 19): rows through the PLE row cache, prefills announced to the prefetch; with
-    the hot file on (issue 27), in an empty data directory: a cold start, whose stop writes the hot file."""
+    """The default launch (issue 19): rows through the PLE row cache, prefills announced to the prefetch, and the
+    hot file (issue 27) in an empty data directory: a cold start, whose stop writes the hot file."""
     return _hot_scenario(stage, qwen4_model, sidecar, hot_home, "qwen4-sidecar-cache")
 
 

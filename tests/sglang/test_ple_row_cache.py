@@ -28,7 +28,7 @@ EXPECTED = {
     "test_an_arriving_request_has_its_first_chunk_fetched_before_it_is_scheduled",
     "test_a_failing_prefetcher_never_reaches_the_scheduler",
     "test_a_restart_gets_the_hot_rows_back_before_any_lookup",
-    "test_the_hot_file_is_off_by_default_and_without_a_row_cache",
+    "test_the_hot_file_is_on_by_default_and_off_at_0_or_without_a_row_cache",
 }
 
 

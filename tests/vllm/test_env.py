@@ -243,6 +243,8 @@ def test_the_hot_file_needs_a_row_cache():
         env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_HOT_SHARE_PCT": "30"})
     s = env.read_settings({**STREAM, "VLLM_PLE_HOT_SHARE_PCT": "30", "VLLM_PLE_HOT_INTERVAL_S": "0"})
     assert (s.hot_share_pct, s.hot_interval_s) == (30, 0)
-    assert env.read_settings(STREAM).hot_share_pct == 0  # off by default
+    assert env.read_settings(STREAM).hot_share_pct == 100  # on by default, the whole cache (measured)
+    assert env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0"}).hot_share_pct == 0  # nothing to fill
+    assert env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_HOT_SHARE_PCT": "0"}).hot_share_pct == 0
     with pytest.raises(PleSettingsError, match="only apply to the mmap and pread backends"):
         env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_HOT_SHARE_PCT": "30"})

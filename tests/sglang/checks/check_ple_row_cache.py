@@ -485,8 +485,12 @@ def test_a_restart_gets_the_hot_rows_back_before_any_lookup(env, monkeypatch, tm
     second._ssd_stream_hot.close()
 
 
-def test_the_hot_file_is_off_by_default_and_without_a_row_cache(env, monkeypatch):
+def test_the_hot_file_is_on_by_default_and_off_at_0_or_without_a_row_cache(env, monkeypatch):
     monkeypatch.delenv("SGLANG_SSD_STREAM_HOT_SHARE_PCT", raising=False)
+    hot = _load(env, monkeypatch, "9")._ssd_stream_hot
+    assert hot is not None and hot.share == 1.0  # the default: the whole cache (docs/hot-file-measured.md)
+    hot.close()
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOT_SHARE_PCT", "0")
     assert _load(env, monkeypatch, "9")._ssd_stream_hot is None
     monkeypatch.setenv("SGLANG_SSD_STREAM_HOT_SHARE_PCT", "50")
     assert _load(env, monkeypatch, "0")._ssd_stream_hot is None

@@ -39,7 +39,7 @@ key=$(lock_key "$runtime_lock" "$test_lock")
 mkdir -p "$cache/venvs"
 if [ -z "${SSD_STREAM_VENV_LOCKED:-}" ]; then
     exec 9>"$cache/venvs/.build-$engine.lock"
-    flock 9
+    flock -n 9 || { echo "engine-venv: waiting for another build of the $engine venv to finish" >&2; flock 9; }
     export SSD_STREAM_VENV_LOCKED=1
 fi
 

@@ -158,7 +158,8 @@ class PromptHook:
                 f"({hits / max(lookups, 1):.1%}), {totals.get('prefetch_hits', 0)} on prefetched rows, "
                 f"{totals.get('rows_read', 0)} rows read from disk"
                 + (f"; {s.draft_steps} verify step(s) fetched ahead ({s.draft_tokens} tokens, {s.draft_steps_dropped} "
-                   f"superseded)" if s.draft_steps or s.draft_steps_dropped else "")
+                   f"superseded" + (f", {s.draft_rows_read} rows placed" if s.draft_rows_read else "") + ")"
+                   if s.draft_steps or s.draft_steps_dropped else "")
                 + (f"; verify forwards on this CPU: {self.verify_steps}, their lookups that read the disk: "
                    f"{self.verify_misses}" if self.verify_steps else "")
                 + (f"; errors: {s.errors}" if s.errors else ""))
@@ -181,16 +182,16 @@ class PromptHook:
             return
         state, rs = runner.model_state, runner.req_states
         with torch.inference_mode():
+            # every row of the batch: the prefilling ones are dropped on the host (an index tensor made here would
+            # be a host-to-device copy that waits for the step's work)
             idx = input_batch.idx_mapping[:n].long()
-            if len(keep) < n:
-                idx = idx[torch.tensor(keep, device=idx.device)]
             tokens = torch.cat([rs.last_sampled_tokens[idx].to(torch.int64), rs.draft_tokens[idx]], dim=1)
             ctx = int(state.ngram_context_len)
             end = rs.num_computed_tokens.gpu[idx].long()
             pos = end.unsqueeze(1) + torch.arange(-ctx, 0, device=end.device)
             history = rs.all_token_ids.gpu[idx.unsqueeze(1), pos.clamp_min(0)].to(torch.int64)
             history = torch.where(pos >= 0, history, torch.full_like(history, int(state.ngram_eos_token_id)))
-            source, on_device = verify_rows_source(tokens, history)
+            source, on_device = verify_rows_source(tokens, history, keep if len(keep) < n else None)
         self.prefetcher.drafted(source, wait=not on_device)
         if not self._drafted_said:
             self._drafted_said = True  # said once per process, as the hook's other first lines

@@ -20,8 +20,8 @@ AROUND hooks of the same process use it:
   that comes back is announced again from where it restarts.) The prefetcher also forgets the oldest of
   more than ``MAX_REQUESTS`` requests, should a path ever skip this call.
 
-With MTP (EAGLE's v2 workers, the only ones 0.5.23 has), two more AROUND hooks read a verify step's decode rows
-ahead (issue 27 item 3):
+With MTP (``EAGLEWorkerV2``, which serves qwen4_exp's NEXTN), two more AROUND hooks read a verify step's decode
+rows ahead (issue 27 item 3; ``SGLANG_SSD_STREAM_PREFETCH_DRAFTS=0`` turns them off, read once per model load):
 
 - ``speculative.eagle_worker_v2.EagleDraftWorker.draft(batch)``: its result holds the verify input, whose
   ``draft_token`` row per request is the last committed token, then the drafts (qwen4_exp's PLE refuses
@@ -35,6 +35,9 @@ ahead (issue 27 item 3):
 - ``EAGLEWorkerV2.verify``: on a CPU, where the verify forward's lookups run inside the call, the lookups that
   still read their rows from disk are counted (``verify_misses``; the activity line says them). On a GPU the
   lookups run after the call returns, so nothing is counted there.
+
+Not covered: the multi-layer EAGLE and frozen-KV MTP workers (their own ``draft``), steps an adaptive policy runs
+with no draft, and under DP attention the rows other ranks' requests need from this rank's table slice.
 
 All these hooks are advisory: an error in them is logged once and never reaches the scheduler (a real read
 error surfaces in the forward's own lookup, which is fatal there).
@@ -64,11 +67,15 @@ _warned: set[str] = set()  # what this process said once (a failure, the first a
 _last_report = [0.0]
 _reports = [0]
 _verify = {"steps": 0, "misses": 0}  # CPU only: verify forwards, and their lookups that read the disk
+_drafts = [True]  # SGLANG_SSD_STREAM_PREFETCH_DRAFTS, read when a model registers its prefetcher
 
 
 def register(model, prefetcher) -> None:
     """The prefetcher of ``model`` (a reload replaces, and closes, the previous one)."""
+    from . import settings
+
     with _lock:
+        _drafts[0] = settings.current().prefetch_drafts  # once per load, not per decode step
         old = _prefetchers.pop(id(model), None)
         _prefetchers[id(model)] = prefetcher
     if old is not None:
@@ -169,7 +176,7 @@ def draft_source(worker, batch, verify_input):
 def around_draft(original, self, batch, *args, **kwargs):
     result = original(self, batch, *args, **kwargs)
     prefetchers = active()
-    if prefetchers and batch is not None and not batch.forward_mode.is_idle() and _drafts_on():
+    if prefetchers and _drafts[0] and batch is not None and not batch.forward_mode.is_idle():
         try:
             verify_input = result[0] if isinstance(result, tuple) else result
             source, on_device = draft_source(self, batch, verify_input)
@@ -182,12 +189,6 @@ def around_draft(original, self, batch, *args, **kwargs):
         except Exception as exc:  # noqa: BLE001 - advisory
             _warn_once("fetching a verify step's rows ahead", exc)
     return result
-
-
-def _drafts_on() -> bool:
-    from . import settings
-
-    return settings.current().prefetch_drafts  # cached per set of values: no parse per step
 
 
 def _misses(prefetchers) -> int:
@@ -234,7 +235,8 @@ def activity_line(prefetcher) -> str:
             f"({totals.get('hits', 0) / lookups:.1%}), {totals.get('prefetch_hits', 0)} on prefetched rows, "
             f"{totals.get('rows_read', 0)} rows read from disk"
             + (f"; {s.draft_steps} verify step(s) fetched ahead ({s.draft_tokens} tokens, {s.draft_steps_dropped} "
-               f"superseded)" if s.draft_steps or s.draft_steps_dropped else "")
+               f"superseded" + (f", {s.draft_rows_read} rows placed" if s.draft_rows_read else "") + ")"
+               if s.draft_steps or s.draft_steps_dropped else "")
             + (f"; verify forwards on this CPU: {_verify['steps']}, their lookups that read the disk: "
                f"{_verify['misses']}" if _verify["steps"] else "")
             + (f"; errors: {s.errors}" if s.errors else ""))

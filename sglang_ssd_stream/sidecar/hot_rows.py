@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -27,6 +28,7 @@ from .hot_file import hot_file_path, read_hot_file, write_hot_file
 log = logging.getLogger(__name__)
 
 ADMIT_BLOCK = 65536  # rows placed per admit call at load
+LOCK_WAIT_S = 30.0  # a write waits this long for another one (the periodic writer) before it gives up
 
 
 def process_role(engine: str, *, gpu: int | None, tp: int | None, pp: int | None) -> str:
@@ -59,6 +61,7 @@ class HotRows:
         self._lock = threading.Lock()  # one write at a time (the periodic one and the shutdown one)
         self._thread: threading.Thread | None = None
         self._on_sigterm = None  # our SIGTERM handler while it is set
+        self._pid = os.getpid()  # a forked child must not write this process's file from its copied caches
         self.loaded_rows = 0
         self.written: int | None = None  # rows in the last file written
 
@@ -69,6 +72,7 @@ class HotRows:
         """Read the hot file (one sequential pass, at most the share of every cache) into the caches; returns
         the rows placed (0 when the file is missing or refused: one warning line says why)."""
         budget = sum(self._rows_per_layer(c) * (c.row_bytes + 8) for c in self.caches.values())
+        self._remove_stale_temporaries()
         t0 = time.monotonic()
         got = read_hot_file(self.path, self.manifest, self.row_range, budget)
         if got is None:
@@ -92,11 +96,26 @@ class HotRows:
                  "; the share left rows of it out" if got.cut else "")
         return placed
 
+    def _remove_stale_temporaries(self) -> None:
+        """A write cut short by a SIGKILL leaves its temporary file (``atomic_file``'s ``.NAME.*.tmp``), as large as
+        the share; the file is this process's alone, so the next start removes them."""
+        try:
+            for tmp in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+                tmp.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("PLE hot file %s: leftover temporary files not removed (%s)", self.path, exc)
+
     def write(self) -> int | None:
         """The caches' hottest rows (each layer's share) to the hot file, atomically; their counts are halved,
         so the next file ranks recent lookups first. Returns the rows written, None when the write failed (one
         warning line; the old file stays)."""
-        with self._lock:
+        if os.getpid() != self._pid:
+            return None
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            log.warning("PLE hot file %s not written: another write of it did not finish in %.0f s", self.path,
+                        LOCK_WAIT_S)
+            return None
+        try:
             try:
                 layers = {}
                 for layer, cache in self.caches.items():
@@ -107,17 +126,26 @@ class HotRows:
                     return 0
                 write_hot_file(self.path, self.manifest, self.row_range, layers)
             except (OSError, MemoryError, KitError) as exc:  # disk full, read-only, a cache closed at exit
-                log.warning("PLE hot file %s not written (%s: %s); the server goes on, the next start is colder",
-                            self.path, type(exc).__name__, exc)
-                return None
-            self.written = sum(ids.size for ids, _ in layers.values())
-            log.info("PLE hot file %s: %d rows written", self.path, self.written)
-            return self.written
+                failed = exc
+            else:
+                failed = None
+                self.written = sum(ids.size for ids, _ in layers.values())
+        finally:
+            self._lock.release()
+        # logged outside the lock: a SIGTERM write must never wait on a logging lock while holding ours
+        if failed is not None:
+            log.warning("PLE hot file %s not written (%s: %s); the server goes on, the next start is colder",
+                        self.path, type(failed).__name__, failed)
+            return None
+        log.info("PLE hot file %s: %d rows written", self.path, self.written)
+        return self.written
 
     def start(self) -> None:
         """Write every ``interval_s`` (when > 0) on a daemon thread, and once more at a clean exit: ``atexit``,
         and a SIGTERM (see :meth:`_write_on_sigterm`)."""
         atexit.register(self.close)
+        # a multiprocessing child (a model worker) ends with os._exit, which skips atexit; its exit runs these
+        multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         self._write_on_sigterm()
         if self.interval_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ple-hot-file", daemon=True)
@@ -137,7 +165,8 @@ class HotRows:
         def on_sigterm(signum, frame):
             signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends it at once
             try:
-                self.close()
+                if os.getpid() == self._pid:  # not in a child forked after start(): its caches are copies
+                    self.close()
             finally:
                 os.kill(os.getpid(), signum)
 

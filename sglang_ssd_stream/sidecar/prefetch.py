@@ -67,8 +67,20 @@ class PrefetchStats:
     draft_steps: int = 0  # verify steps whose tokens were fetched ahead (drafted())
     draft_tokens: int = 0  # their tokens (per request: the last committed one and the drafts)
     draft_steps_dropped: int = 0  # superseded by a newer step before the thread got to them
+    draft_rows_read: int = 0  # rows those fetches placed, counted on the CPU path only (drafted(wait=True))
     seconds_busy: float = 0.0
     errors: list = field(default_factory=list)
+
+
+def _verify_sequence(pairs, ctx: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[history_0 (ctx tokens, EOS-padded on the left), tokens_0, history_1, tokens_1, ...]`` and the mask of its
+    token positions: one hash call over it gives every row's ids."""
+    pieces, mask = [], []
+    for hist, t in pairs:
+        hist = hist[max(0, hist.size - ctx):]
+        pieces += [np.full(ctx - hist.size, eos, np.int64), hist, t]
+        mask += [np.zeros(ctx, bool), np.ones(t.size, bool)]
+    return np.concatenate(pieces), np.concatenate(mask)
 
 
 class PromptPrefetcher:
@@ -96,6 +108,7 @@ class PromptPrefetcher:
         self._closed = False
         self._busy = False
         self._draft = None  # the newest verify step's token source, waiting for the thread
+        self._last_was_draft = False
         self.stats = PrefetchStats()
         self._thread = threading.Thread(target=self._run, name="ple-prompt-prefetch", daemon=True)
         self._thread.start()
@@ -158,7 +171,7 @@ class PromptPrefetcher:
             with self._cond:
                 if self._closed:
                     return
-            self._run_drafted(source)
+            self._run_drafted(source, count=True)
             return
         with self._cond:
             if self._closed:
@@ -168,18 +181,33 @@ class PromptPrefetcher:
             self._draft = source
             self._cond.notify()
 
-    def _fetch_drafted(self, source) -> int:
-        """The thread: hash every request's verify tokens per layer, one prefetch per layer; returns the tokens."""
+    def _fetch_drafted(self, source, *, count: bool = False) -> int:
+        """The thread: hash every request's verify tokens per layer in one call over all of them (a verify step
+        can hold hundreds of requests: no Python loop per request and layer), one prefetch per layer; returns the
+        tokens. ``count``: add the rows the caches placed meanwhile to ``stats.draft_rows_read`` (the CPU path, which
+        fetches in the caller; a prompt chunk fetched at the same moment would count too)."""
         pairs = [(np.asarray(h, np.int64).reshape(-1), np.asarray(t, np.int64).reshape(-1)) for h, t in source()]
         pairs = [(h, t) for h, t in pairs if t.size]
+        if not pairs:
+            return 0
+        before = self._placed() if count else 0
+        by_ctx: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for h, cache in self.layers:
             ctx = h.ngram_size - 1
-            ids = [h.ids(t, np.concatenate([np.full(max(0, ctx - hist.size), h.eos_token_id, np.int64),
-                                            hist[hist.size - min(ctx, hist.size):]])).reshape(-1)
-                   for hist, t in pairs]
-            if ids:
-                cache.prefetch(np.concatenate(ids))
+            if ctx not in by_ctx:
+                by_ctx[ctx] = _verify_sequence(pairs, ctx, h.eos_token_id)
+            seq, mine = by_ctx[ctx]
+            # each row's tokens follow its own ctx-token history in seq, so every window stays inside its row
+            cache.prefetch(h.ids(seq[ctx:], seq[:ctx])[mine[ctx:]].reshape(-1))
+        if count:
+            placed = self._placed() - before
+            with self._cond:
+                self.stats.draft_rows_read += placed
         return sum(t.size for _, t in pairs)
+
+    def _placed(self) -> int:
+        """Rows the caches placed by prefetch so far (a row source without counters counts none)."""
+        return sum(getattr(c, "stats", {}).get("prefetch_rows", 0) for _, c in self.layers)
 
     def finished(self, key: Hashable) -> None:
         """Request ``key`` is done (or aborted): its queued chunks are dropped."""
@@ -198,8 +226,13 @@ class PromptPrefetcher:
                     self._cond.wait()
                 if self._closed:
                     return
-                draft, self._draft = self._draft, None
-                if draft is None:  # a verify step's tokens first: that decode step waits for them now
+                # a verify step's tokens first (that decode step waits for them now), but never two in a row while
+                # prompt chunks wait: a fetch slower than a step would otherwise starve every prefill
+                draft = None
+                if self._draft is not None and not (self._last_was_draft and self._queue):
+                    draft, self._draft = self._draft, None
+                self._last_was_draft = draft is not None
+                if draft is None:
                     key, req, a, b = self._queue.popleft()
                     if self._reqs.get(key) is not req:  # finished (or replaced) since it was queued
                         self.stats.chunks_dropped += 1
@@ -236,10 +269,10 @@ class PromptPrefetcher:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _run_drafted(self, source) -> None:
+    def _run_drafted(self, source, *, count: bool = False) -> None:
         t = time.perf_counter()
         try:
-            n = self._fetch_drafted(source)
+            n = self._fetch_drafted(source, count=count)
             with self._cond:
                 self.stats.draft_steps += 1
                 self.stats.draft_tokens += n

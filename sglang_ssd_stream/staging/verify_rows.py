@@ -15,29 +15,39 @@ import numpy as np
 import torch
 
 
-def verify_rows_source(tokens: torch.Tensor, history: torch.Tensor):
+def verify_rows_source(tokens: torch.Tensor, history: torch.Tensor, keep=None):
     """``tokens`` ``[requests, width]`` (a negative id ends a row early: a draft not proposed) and ``history``
-    ``[requests, ngram_size - 1]``; returns ``(source, on_device)``: ``source()`` gives ``[(history, tokens)]``
-    per request, ``on_device`` whether it waits for the device."""
+    ``[requests, ngram_size - 1]``; ``keep``: the rows to hand over (default all), chosen on the host after the
+    copy (an index tensor built for the device would make the engine's thread wait). Returns ``(source,
+    on_device)``: ``source()`` gives ``[(history, tokens)]`` per kept row, ``on_device`` whether it waits for the
+    device."""
     if tokens.dim() != 2 or history.dim() != 2 or tokens.shape[0] != history.shape[0]:
         raise ValueError(f"verify rows {tuple(tokens.shape)} and histories {tuple(history.shape)} do not pair up")
+    device = None
     if tokens.is_cuda:
+        device = tokens.device
         host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host_history = torch.empty(history.shape, dtype=history.dtype, pin_memory=True)
         host_tokens.copy_(tokens, non_blocking=True)
         host_history.copy_(history, non_blocking=True)
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event(blocking=True)  # the waiting thread sleeps instead of spinning a core
         ready.record()
     else:
         host_tokens, host_history, ready = tokens.clone(), history.clone(), None
+    rows_kept = None if keep is None else list(keep)
 
     def source():
         if ready is not None:
+            # the prefetch thread's current device must be the event's: a CUDA call on a thread that never chose
+            # one would create a context on GPU 0 (half a GiB on it for every other rank)
+            torch.cuda.set_device(device)
             ready.synchronize()  # the prefetch thread waits for the device, never the engine
+        hist, toks = host_history.numpy().astype(np.int64), host_tokens.numpy().astype(np.int64)
         rows = []
-        for h, t in zip(host_history.numpy().astype(np.int64), host_tokens.numpy().astype(np.int64), strict=True):
+        for i in range(toks.shape[0]) if rows_kept is None else rows_kept:
+            t = toks[i]
             cut = np.flatnonzero(t < 0)
-            rows.append((h, t[:cut[0]] if cut.size else t))
+            rows.append((hist[i], t[:cut[0]] if cut.size else t))
         return rows
 
     return source, ready is not None

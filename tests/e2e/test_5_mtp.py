@@ -111,6 +111,10 @@ def test_a_verify_steps_rows_are_fetched_as_soon_as_its_drafts_exist(qwen4_mtp_s
     spec_steps = sum(run["spec_verify_ct"] for run in qwen4_mtp_sidecar.results["greedy"])
     assert steps >= spec_steps and tokens >= steps * width, last
     assert verify >= spec_steps and misses == 0, last
+    # the control: on this cold cache the fetch itself placed rows the verify forwards then found (without it,
+    # those lookups would have read the disk)
+    placed = int(re.search(r"superseded, (\d+) rows placed", last).group(1))
+    assert placed > 0, last
 
 
 def test_draft_has_no_ple_layer_in_sglang_0_5_23(qwen4_mtp_sidecar):

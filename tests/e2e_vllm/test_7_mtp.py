@@ -92,3 +92,7 @@ def test_a_verify_steps_rows_are_fetched_as_soon_as_its_drafts_exist(streamed_mm
     # a row is the last sampled token and up to MTP_TOKENS drafts (vLLM marks drafts it did not propose -1: cut)
     assert steps > 0 and steps <= tokens <= steps * (1 + MTP_TOKENS) and verify > 0, last
     assert misses == 0, last
+    # the control: on this cold cache the fetch itself placed rows the verify forwards then found (without it,
+    # those lookups would have read the disk)
+    placed = int(re.search(r"superseded, (\d+) rows placed", last).group(1))
+    assert placed > 0, last

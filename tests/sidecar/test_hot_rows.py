@@ -162,6 +162,43 @@ def test_a_sigterm_writes_the_file_then_ends_the_process_as_sigterm_does(sidecar
             assert not path.exists()
 
 
+def _worker_writes_at_exit(art: str, path: str, how: str) -> None:
+    """A model worker's life in a multiprocessing child: serve, start the hot file, end (``os._exit`` follows)."""
+    manifest = load_manifest(art)
+    caches = _caches(manifest)
+    _look(caches, np.arange(40))
+    HotRows(manifest, caches, share=0.5, interval_s=0, role="t", path=path).start()
+    if how == "exit":
+        raise SystemExit(0)  # as vLLM's worker SIGTERM handler ends it
+
+
+@pytest.mark.parametrize("how", ["return", "exit"])
+def test_a_forked_worker_writes_at_its_exit(sidecar, tmp_path, how):
+    """vLLM's workers are multiprocessing children (fork by default), which end with os._exit: atexit never runs
+    there, multiprocessing's finalizers do."""
+    import multiprocessing
+
+    manifest, _ = sidecar
+    path = tmp_path / "w.plehot"
+    proc = multiprocessing.get_context("fork").Process(target=_worker_writes_at_exit,
+                                                       args=(str(tmp_path / "art"), str(path), how))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0 and path.exists()
+    assert HotRows(manifest, _caches(manifest), share=0.5, interval_s=0, role="t", path=path).load() == 2 * 40
+
+
+def test_a_write_cut_short_leaves_a_temporary_that_the_next_start_removes(sidecar, tmp_path):
+    manifest, _ = sidecar
+    path = tmp_path / "p.plehot"
+    stale = tmp_path / ".p.plehot.abc123.tmp"  # atomic_file's temporary of a write a SIGKILL cut short
+    stale.write_bytes(b"x" * 4096)
+    other = tmp_path / ".q.plehot.abc123.tmp"  # another process's: not ours to remove
+    other.write_bytes(b"y")
+    assert HotRows(manifest, _caches(manifest), share=0.5, interval_s=0, role="t", path=path).load() == 0
+    assert not stale.exists() and other.exists()
+
+
 def test_bad_arguments_are_refused(sidecar):
     manifest, _ = sidecar
     with pytest.raises(ValueError, match="no row cache"):

@@ -346,3 +346,45 @@ def test_wait_fetches_in_the_caller_while_the_thread_is_busy():
     assert done.wait(10) and q.drain(10) and q.stats.draft_steps == 1
     p.close()
     q.close()
+
+
+def test_two_verify_steps_in_a_row_let_a_waiting_prompt_chunk_go_between():
+    """A verify step's fetch goes first, but not twice in a row while prompt chunks wait: a fetch slower than a
+    step would starve every prefill."""
+    gate = threading.Event()
+    order = []
+
+    class Source:
+        def prefetch(self, ids):
+            gate.wait()
+            order.append(ids.size)
+
+    p = PromptPrefetcher([(HASH, Source())], chunk_tokens=4, window=2)
+    p.drafted(lambda: [([1, 2], [3])])  # 1 token (the thread takes it and blocks on the gate)
+    deadline = time.monotonic() + 10
+    while p._draft is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p.scheduled("r", prompt(12, 16), 0, 4)  # 3 chunks of 4 tokens
+    p.drafted(lambda: [([1, 2], [3, 4])])  # 2 tokens
+    gate.set()
+    assert p.drain(30)
+    heads = HASH.ngram_heads
+    assert order == [heads, 4 * heads, 2 * heads, 4 * heads, 4 * heads]  # draft, a chunk, the next draft, the rest
+    p.close()
+
+
+def test_many_requests_are_hashed_in_one_call_per_layer_exactly_as_one_by_one():
+    rng = np.random.default_rng(17)
+    pairs = []
+    for i in range(300):
+        hist = rng.integers(0, 1000, 2)
+        if i % 7 == 0:
+            hist[1] = EOS  # an EOS in the history: the hash's reset
+        pairs.append((hist.tolist(), rng.integers(0, 1000, 1 + i % 4).tolist()))
+    rec0, rec1 = Recorder(), Recorder()
+    p = PromptPrefetcher([(HASH, rec0), (HASH1, rec1)], chunk_tokens=CHUNK, window=0)
+    p.drafted(lambda: pairs, wait=True)
+    for h, rec in ((HASH, rec0), (HASH1, rec1)):
+        want = np.concatenate([h.ids(t, hh).reshape(-1) for hh, t in pairs])
+        np.testing.assert_array_equal(rec.calls[0], want)
+    p.close()

@@ -164,3 +164,17 @@ def write_mtp_draft(model: Path, seed: int = 1) -> Path:
         raise AssertionError("the target's QSA layer has no indexer tensors: the draft layout would be wrong")
     save_file(out, str(draft / "model.safetensors"), metadata={"format": "pt"})
     return draft
+
+
+def profile_inputs(root: Path, corpus: list[str]) -> tuple[Path, Path, list[Path]]:
+    """The tiny qwen4_exp, its sidecar and ``corpus`` as one text file per request under ``root``: what the
+    ``sidecar profile`` tests feed the CLI."""
+    from sglang_ssd_stream.sidecar.build import build_sidecar
+
+    model = make_qwen4_exp(root / "model")
+    build_sidecar(model, root / "sidecar", progress=False)
+    files = []
+    for i, text in enumerate(corpus):
+        files.append(root / f"doc{i}.txt")
+        files[-1].write_text(text)
+    return model, root / "sidecar", files

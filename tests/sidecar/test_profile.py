@@ -28,17 +28,9 @@ CORPUS = ["The secret code number is 42. " * 40 + "Reply with the three numbers 
 
 @pytest.fixture(scope="module")
 def model_and_sidecar(tmp_path_factory):
-    from sglang_ssd_stream.sidecar.build import build_sidecar
-    from tests.e2e.models import make_qwen4_exp
+    from tests.e2e.models import profile_inputs
 
-    root = tmp_path_factory.mktemp("profile")
-    model = make_qwen4_exp(root / "model")
-    build_sidecar(model, root / "sidecar", progress=False)
-    files = []
-    for i, text in enumerate(CORPUS):
-        (root / f"doc{i}.txt").write_text(text)
-        files.append(root / f"doc{i}.txt")
-    return model, root / "sidecar", files
+    return profile_inputs(tmp_path_factory.mktemp("profile"), CORPUS)
 
 
 def _cli(*args, home: Path) -> subprocess.CompletedProcess:

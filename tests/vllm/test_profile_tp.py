@@ -41,6 +41,7 @@ WORLDS = (4, 2)
 def _engine_rank(rank: int, model: str, layers: list[int], ports: list[int], out: str) -> None:
     """One process in a real vLLM TP world of each size in :data:`WORLDS` that has its rank (one after the other):
     its ``shard_indices`` of each PLE layer's real embedding."""
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # a spawned child: the pytest process may not say so, and vLLM infers none
     import torch
     from transformers import AutoConfig
     from vllm.config import set_current_vllm_config

@@ -109,6 +109,8 @@ _SHARED = (
     _Shared("SIDECAR", PATH, "the sidecar's `ssd-stream.json` or its directory (a model view works too)",
             extra={SGLANG: "(unset: `<model-path>/ssd-stream.json` when present; `off` turns the PLE hooks off)",
                    VLLM: "for the `mmap`/`pread` backends"}),
+    _Shared("TRUSTED_ROOTS", PATHS, "extra directories a sidecar's table links may resolve into (with their HF "
+            "`blobs/`), for tables kept outside the artifact", extra={VLLM: "(`mmap`/`pread` only)"}),
     _Shared("NO_VERIFY", FLAG, "`1` skips the sidecar's one-time SHA-256 check (explicit choice; the doctor warns)",
             kwargs=dict(default=False)),
     _Shared("ROW_CACHE_MB", INT, "the PLE row cache ([sidecar.md](sidecar.md)): MiB of CUDA-registered host memory "
@@ -151,8 +153,6 @@ _SGLANG_ONLY = (
     Knob("SGLANG_SSD_STREAM_PLE_GATHER", CHOICE, "`h2d` (copy-engine H2D, then a device kernel) or `uva` (the "
          "kernel reads pinned staging; it competes with the layer for SMs and hides less)", default="h2d",
          choices=("h2d", "uva")),
-    Knob("SGLANG_SSD_STREAM_TRUSTED_ROOTS", PATHS, "extra directories a sidecar's table links may resolve into "
-         "(with their HF `blobs/`), for tables kept outside the artifact"),
     Knob("SGLANG_SSD_STREAM_HOME", PATH, "where the kit keeps its files (default `~/.cache/sglang-ssd-stream`): "
          "model snapshots, the native host-node and row-cache libraries"),
     Knob("SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB", INT, "cap on the QSA prefill top-k logits workspace per layer "

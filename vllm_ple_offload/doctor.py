@@ -132,7 +132,7 @@ def sidecar_disks(settings: env.PleSettings, manifest=None) -> tuple[DiskFacts, 
     """Load the sidecar manifest (refusing a bad one) and classify the disks of its tables."""
     from sglang_ssd_stream.sidecar.storage import classify_disk
 
-    manifest = manifest or load_sidecar(settings.sidecar)
+    manifest = manifest or load_sidecar(settings.sidecar, settings.trusted_roots)
     disks = [classify_disk(table.file) for table in manifest.tables]
     return tuple(DiskFacts(d.path, d.fstype, d.kind) for d in disks)
 
@@ -141,7 +141,7 @@ def _sidecar_facts(settings: env.PleSettings | None) -> dict:
     if settings is None or not settings.streaming:
         return {}
     try:
-        manifest = load_sidecar(settings.sidecar)  # sizes checked: a truncated table is refused here
+        manifest = load_sidecar(settings.sidecar, settings.trusted_roots)  # sizes checked: a truncated table refused
         return {"disks": sidecar_disks(settings, manifest),
                 "row_bytes": {t.layer: t.row_bytes for t in manifest.tables}}
     except KitError as exc:
@@ -197,7 +197,9 @@ def check_sidecar(settings: env.PleSettings, facts: Facts) -> list[Finding]:
     from sglang_ssd_stream.checks.sidecar import load_finding
 
     if facts is None:  # not gathered: the floor loads it (sizes checked), as SGLang's doctor does
-        loaded, _ = load_finding(settings.sidecar)
+        from sglang_ssd_stream.sidecar.view import extra_trusted_roots
+
+        loaded, _ = load_finding(settings.sidecar, extra_roots=extra_trusted_roots(settings.trusted_roots))
     elif facts.sidecar_error:
         loaded = Finding(ERROR, "sidecar", facts.sidecar_error)
     else:

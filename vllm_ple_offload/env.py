@@ -49,6 +49,7 @@ FETCH_WORKERS = knob(VLLM, "FETCH_WORKERS").name
 ROWS_PER_TASK = knob(VLLM, "ROWS_PER_TASK").name
 STATS_INTERVAL = knob(VLLM, "STATS_INTERVAL").name
 NO_VERIFY = knob(VLLM, "NO_VERIFY").name  # "1": skip the sidecar's one-time SHA-256 check (explicit opt-out)
+TRUSTED_ROOTS = knob(VLLM, "TRUSTED_ROOTS").name  # extra roots a sidecar's table links may resolve into
 ALLOW_UNPATCHED = knob(VLLM, "ALLOW_UNPATCHED").name
 ROW_CACHE_MB = knob(VLLM, "ROW_CACHE_MB").name
 PREFETCH_CHUNKS = knob(VLLM, "PREFETCH_CHUNKS").name
@@ -56,8 +57,8 @@ PREFETCH_DRAFTS = knob(VLLM, "PREFETCH_DRAFTS").name
 HOT_SHARE_PCT = knob(VLLM, "HOT_SHARE_PCT").name
 HOT_INTERVAL_S = knob(VLLM, "HOT_INTERVAL_S").name
 KNOWN = tuple(VLLM_KNOBS)
-STREAMING_ONLY = (SIDECAR, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ROW_CACHE_MB, PREFETCH_CHUNKS,
-                  PREFETCH_DRAFTS, HOT_SHARE_PCT, HOT_INTERVAL_S)
+STREAMING_ONLY = (SIDECAR, TRUSTED_ROOTS, FETCH_WORKERS, ROWS_PER_TASK, STATS_INTERVAL, NO_VERIFY, ROW_CACHE_MB,
+                  PREFETCH_CHUNKS, PREFETCH_DRAFTS, HOT_SHARE_PCT, HOT_INTERVAL_S)
 
 # vLLM's plugin allowlist and our entry point's name in it (pyproject: vllm.general_plugins).
 PLUGINS_ENV = "VLLM_PLUGINS"
@@ -100,6 +101,7 @@ class PleSettings:
     prefetch_drafts: bool = True  # with MTP: a verify step's rows read as soon as its drafts exist
     hot_share_pct: int = 0  # the hot file's part of each row cache (0: none; with a row cache only, default 100)
     hot_interval_s: int = 600  # seconds between hot-file writes (0: only at a clean shutdown)
+    trusted_roots: tuple[str, ...] = ()  # extra roots the sidecar's table links may resolve into
 
     @property
     def row_cache_bytes(self) -> int:
@@ -210,4 +212,5 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
         prefetch_drafts=_read(env, PREFETCH_DRAFTS),
         hot_share_pct=hot_share_pct,
         hot_interval_s=_read(env, HOT_INTERVAL_S),
+        trusted_roots=tuple(_read(env, TRUSTED_ROOTS) or ()),
     )

@@ -21,14 +21,16 @@ FULL_GRAPH_MESSAGE = (
     "'{{\"cudagraph_mode\": \"PIECEWISE\"}}' (breakable graphs run the lookup eagerly) or --enforce-eager")
 
 
-def load_sidecar(path: str | os.PathLike):
+def load_sidecar(path: str | os.PathLike, trusted_roots: tuple[str, ...] = ()):
     """The sidecar manifest at ``path`` (``ssd-stream.json`` or its directory), loaded as every vLLM-side
-    user loads it (doctor, the plugin's SHA-256 check, the embedding): sizes checked, and a model view's
-    table links may resolve only into the prepared snapshot it was built from, table for table: the one
-    loader and trust rule of both engines (:func:`sglang_ssd_stream.sidecar.view.load_sidecar`)."""
+    user loads it (doctor, the plugin's SHA-256 check, the embedding): sizes checked, table links resolving
+    only into the artifact, the roots ``VLLM_PLE_TRUSTED_ROOTS`` names (``trusted_roots``) and, for a model
+    view, the prepared snapshot it was built from, table for table: the one loader and trust rule of both
+    engines (:func:`sglang_ssd_stream.sidecar.view.load_sidecar`)."""
+    from sglang_ssd_stream.sidecar.view import extra_trusted_roots
     from sglang_ssd_stream.sidecar.view import load_sidecar as load
 
-    return load(path)
+    return load(path, extra_roots=extra_trusted_roots(trusted_roots))
 
 
 def raise_on_errors(findings: list[Finding]) -> None:
@@ -61,8 +63,10 @@ def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> 
     since a success re-reads nothing). ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this
     where the model is built, before the streamed embedding is swapped in, and refuses on an error finding."""
     from sglang_ssd_stream.checks.sidecar import sha_finding
+    from sglang_ssd_stream.sidecar.view import extra_trusted_roots
 
-    return sha_finding(settings.sidecar, knob=env.NO_VERIFY, no_verify=settings.no_verify, progress=progress)
+    return sha_finding(settings.sidecar, knob=env.NO_VERIFY, no_verify=settings.no_verify, progress=progress,
+                       extra_roots=extra_trusted_roots(settings.trusted_roots))
 
 
 def require_verified_sidecar(settings: env.PleSettings) -> None:

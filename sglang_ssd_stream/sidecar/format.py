@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .. import strict_json
+from ..knobs import SGLANG, VLLM, knob
 from . import _safetensors
 from .errors import (
     SidecarManifestError,
@@ -177,7 +178,8 @@ def resolve_table_path(manifest: Path, root: Path, rel: object, roots: list[str]
     if not _inside(real, roots):
         raise SidecarPathEscape(
             f"{manifest}: table path {rel!r} resolves to {real}, outside the artifact directory {root} "
-            f"(symlink escape); expected a file under {', '.join(roots)}",
+            f"(symlink escape); expected a file under {', '.join(roots)}; a table kept elsewhere needs its directory "
+            f"named in {' or '.join(knob(e, 'TRUSTED_ROOTS').name for e in (SGLANG, VLLM))} (the CLI: --trusted-root)",
             path=str(manifest), actual=real, expected=roots,
         )
     return Path(real)

@@ -310,6 +310,30 @@ def test_a_model_views_sidecar_loads_like_on_sglang(tmp_path):
     del np
 
 
+def test_a_table_outside_the_artifact_loads_from_a_named_root(tmp_path):
+    """The doctor's facts and the SHA-256 check load a table linked to another disk only with
+    VLLM_PLE_TRUSTED_ROOTS naming it; without, the refusal names the knob."""
+    from sglang_ssd_stream.sidecar.errors import SidecarPathEscape
+    from tests.vllm.synthetic import random_table, write_sidecar
+
+    manifest = write_sidecar(tmp_path / "sc", {3: ("bfloat16", random_table(64, 8, 0))})
+    disk2 = tmp_path / "disk2"
+    disk2.mkdir()
+    link = tmp_path / "sc" / "ple" / "layer-3.bin"
+    link.rename(disk2 / link.name)
+    link.symlink_to(disk2 / link.name)
+    refused = preflight._sidecar_facts(streaming(manifest))
+    assert "symlink escape" in refused["sidecar_error"] and "VLLM_PLE_TRUSTED_ROOTS" in refused["sidecar_error"]
+    assert preflight.verify_sidecar_once(streaming(manifest), progress=False).level == ERROR
+    with pytest.raises(SidecarPathEscape):
+        preflight.load_sidecar(manifest)
+    trusted = streaming(manifest, VLLM_PLE_TRUSTED_ROOTS=str(disk2))
+    facts = preflight._sidecar_facts(trusted)
+    assert facts.get("sidecar_error") is None and facts["row_bytes"] == {3: 8}
+    assert preflight.verify_sidecar_once(trusted, progress=False).level == OK
+    assert [f.level for f in preflight.check_sidecar(trusted, None)] == [OK]
+
+
 def test_fetch_pool_is_judged_against_the_cpu_quota():
     """Write-up 004: 76 pool threads under a 16-CPU cgroup quota were throttled for 2,242 s."""
     from sglang_ssd_stream.checks.host import CpuBudget

@@ -302,6 +302,33 @@ def test_class_rebound_is_refused(monkeypatch, sidecar):
                              prepare=lambda ne: monkeypatch.setattr(common, "Qwen4ExpPLEEmbedding", other))
 
 
+def test_a_table_kept_outside_the_artifact_streams_only_from_a_named_root(monkeypatch, tmp_path):
+    """A table linked to another disk: refused when the plugin loads, naming the knob;
+    VLLM_PLE_TRUSTED_ROOTS=<that disk> (as SGLang's SGLANG_SSD_STREAM_TRUSTED_ROOTS) streams its rows, bit-exact."""
+    import torch
+
+    cfg = harness.text_config()
+    lay = harness.layout(cfg)
+    table = random_table(lay.rows, lay.row_bytes, 11)
+    manifest = write_sidecar(tmp_path / "sc", {harness.LAYER: ("bfloat16", table)})
+    disk2 = tmp_path / "disk2"
+    disk2.mkdir()
+    link = tmp_path / "sc" / "ple" / f"layer-{harness.LAYER}.bin"
+    link.rename(disk2 / link.name)
+    link.symlink_to(disk2 / link.name)
+    with harness.distributed(1):
+        with pytest.raises(SystemExit, match=r"symlink escape.*VLLM_PLE_TRUSTED_ROOTS"):
+            harness.load_plugins(monkeypatch, streaming(manifest, VLLM_PLE_OFFLOAD_BACKEND="mmap"))
+        harness.load_plugins(monkeypatch, streaming(manifest, VLLM_PLE_OFFLOAD_BACKEND="mmap",
+                                                    VLLM_PLE_TRUSTED_ROOTS=str(disk2)))
+        model = harness.build(cfg)
+        ids, qsl, ctx = harness.ngram_batch(5)
+        model.start_prefetch(ids, qsl, ctx)
+        got = model(torch.empty(0), ids, qsl, ctx)
+        want = harness.rows_of(table, model.compute_ngram_ids(ids, qsl, ctx))
+    assert got.contiguous().view(torch.uint8).numpy().tobytes() == want.tobytes()
+
+
 def test_a_model_views_sidecar_streams_its_rows(monkeypatch, tmp_path):
     """VLLM_PLE_SIDECAR = a model view (the vLLM thor profile's {model}): the doctor, the SHA-256 check
     and the embedding all load it with the view's trusted roots, as SGLang does."""

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 ADMIT_BLOCK = 65536  # rows placed per admit call at load
 LOCK_WAIT_S = 30.0  # a write waits this long for another one (the periodic writer) before it gives up
+# A file whose rows would change by less than this part is left as it is: the next start then places at most this
+# part of rows the traffic has left, and a server whose hot set holds still writes its file once, not every interval
+# (a whole 1 GiB cache every 10 minutes is 144 GiB of writes a day).
+REWRITE_MIN_CHANGED = 0.05
 
 
 def process_role(engine: str, *, gpu: int | None, tp: int | None, pp: int | None) -> str:
@@ -64,6 +68,8 @@ class HotRows:
         self._pid = os.getpid()  # a forked child must not write this process's file from its copied caches
         self.loaded_rows = 0
         self.written: int | None = None  # rows in the last file written
+        self.skipped = 0  # writes left out: the file already held (nearly) those rows
+        self._in_file: dict[int, np.ndarray] | None = None  # each layer's ids the file holds (sorted), when known
 
     def _rows_per_layer(self, cache) -> int:
         return int(cache.capacity * self.share)
@@ -78,11 +84,13 @@ class HotRows:
         if got is None:
             return 0
         placed = 0
+        in_file = {}
         for layer, (ids, rows) in got.layers.items():
             cache = self.caches.get(layer)
             if cache is None:
                 continue  # a layer this process does not cache (it has fewer PLE layers bound)
             n = min(ids.size, self._rows_per_layer(cache))
+            in_file[layer] = np.sort(ids[:n])
             # coldest first: the cache's FIFO evicts the rows placed first, so the hottest go in last (measured:
             # the first request then reads what Belady's optimum from the same rows reads; docs/hot-file-measured.md);
             # in blocks, so a large share is never copied whole
@@ -91,6 +99,7 @@ class HotRows:
                 placed += cache.admit(ids[a:b][::-1], rows[a:b][::-1], np.ones(b - a, np.uint16))
         seconds = time.monotonic() - t0
         self.loaded_rows = placed
+        self._in_file = in_file
         log.info("PLE hot file %s: %d rows into %d layer(s) in %.2f s (%.0f MiB/s)%s", self.path, placed,
                  len(got.layers), seconds, got.nbytes / max(seconds, 1e-9) / 2**20,
                  "; the share left rows of it out" if got.cut else "")
@@ -107,8 +116,9 @@ class HotRows:
 
     def write(self) -> int | None:
         """The caches' hottest rows (each layer's share) to the hot file, atomically; their counts are halved,
-        so the next file ranks recent lookups first. Returns the rows written, None when the write failed (one
-        warning line; the old file stays)."""
+        so the next file ranks recent lookups first. The file is left as it is when under
+        :data:`REWRITE_MIN_CHANGED` of its rows would change. Returns the rows written (0: none, or the file kept),
+        None when the write failed (one warning line; the old file stays)."""
         if os.getpid() != self._pid:
             return None
         if not self._lock.acquire(timeout=LOCK_WAIT_S):
@@ -124,12 +134,18 @@ class HotRows:
                         layers[layer] = (ids, rows)
                 if not layers:
                     return 0
-                write_hot_file(self.path, self.manifest, self.row_range, layers)
+                kept = self._unchanged(layers)
+                if kept is None:
+                    write_hot_file(self.path, self.manifest, self.row_range, layers)
             except (OSError, MemoryError, KitError) as exc:  # disk full, read-only, a cache closed at exit
                 failed = exc
             else:
                 failed = None
-                self.written = sum(ids.size for ids, _ in layers.values())
+                if kept is None:
+                    self.written = sum(ids.size for ids, _ in layers.values())
+                    self._in_file = {layer: np.sort(ids) for layer, (ids, _) in layers.items()}
+                else:
+                    self.skipped += 1
         finally:
             self._lock.release()
         # logged outside the lock: a SIGTERM write must never wait on a logging lock while holding ours
@@ -137,8 +153,28 @@ class HotRows:
             log.warning("PLE hot file %s not written (%s: %s); the server goes on, the next start is colder",
                         self.path, type(failed).__name__, failed)
             return None
+        if kept is not None:
+            log.info("PLE hot file %s kept: %d rows, %.1f %% of them changed since it was written (rewritten from "
+                     "%.0f %%)", self.path, sum(ids.size for ids, _ in layers.values()), 100 * kept,
+                     100 * REWRITE_MIN_CHANGED)
+            return 0
         log.info("PLE hot file %s: %d rows written", self.path, self.written)
         return self.written
+
+    def _unchanged(self, layers: dict) -> float | None:
+        """The part of rows that changed against the file (the most of any layer) when it is under
+        :data:`REWRITE_MIN_CHANGED` and the file is still there; None when the file is to be written."""
+        if self._in_file is None or set(layers) != set(self._in_file) or not self.path.is_file():
+            return None
+        worst = 0.0
+        for layer, (ids, _) in layers.items():
+            old = self._in_file[layer]
+            size = max(ids.size, old.size)
+            changed = size - int(np.isin(ids, old, assume_unique=True).sum())
+            worst = max(worst, changed / size if size else 0.0)
+            if worst >= REWRITE_MIN_CHANGED:
+                return None
+        return worst
 
     def start(self) -> None:
         """Write every ``interval_s`` (when > 0) on a daemon thread, and once more at a clean exit: ``atexit``,

@@ -147,7 +147,8 @@ def test_a_restart_reads_the_hot_file_before_the_first_request_and_no_row_from_d
     """Issue 27 item 6 over HTTP: the first start is cold (no hot file: one warning) and its stop (a SIGTERM to
     the server's process group) writes the hot file; the restart reads it in one pass before it serves, then
     serves the same requests (sglang's warm-up and the greedy prompts, twice) without reading one row from disk,
-    bit for bit as the cold start did. A restart without the file reads them again."""
+    bit for bit as the cold start did, and its stop leaves the file as it is (the same rows). A restart without
+    the file reads them again."""
     cold, hot, without = qwen4_sidecar_cache, qwen4_sidecar_restart, qwen4_sidecar_restart_without
     # cold: no file yet, a warning and a cold start; its stop wrote the file the restart reads
     assert _lines(cold, r"PLE hot file \S+ ignored \(.*\); the row cache starts cold"), cold.log[-4000:]
@@ -164,6 +165,9 @@ def test_a_restart_reads_the_hot_file_before_the_first_request_and_no_row_from_d
     assert rows > 0
     assert hot.log.index(loaded[0]) < hot.log.index("Uvicorn running")
     assert "ignored" not in " ".join(_lines(hot, r"PLE hot file"))
+    # its stop: the same requests looked up the same rows, so the file is kept, not written again
+    assert _lines(hot, rf"PLE hot file {re.escape(path)} kept: {rows} rows, 0\.0 % of them changed"), hot.log[-4000:]
+    assert not _lines(hot, r"PLE hot file \S+: \d+ rows written"), hot.log[-4000:]
     cold_reads, hot_reads = _rows_read(cold), _rows_read(hot)
     assert len(cold_reads) >= 1 + len(PLE_PROMPTS) and len(hot_reads) >= 1 + len(PLE_PROMPTS), hot.log[-4000:]
     assert cold_reads[-1] > 0 and hot_reads[-1] == 0, (cold_reads, hot_reads)

@@ -66,6 +66,53 @@ def test_a_restart_starts_with_the_hot_rows_and_reads_nothing_for_them(sidecar, 
         c.close()
 
 
+def test_a_file_that_would_barely_change_is_kept_and_rewritten_once_the_hot_set_moves(sidecar, tmp_path, caplog):
+    """Writes are the hot file's cost (the whole cache per interval): a write whose rows would change by under
+    REWRITE_MIN_CHANGED leaves the file as it is; more change, a missing file, or a restart that served nothing
+    new each do the right thing."""
+    from sglang_ssd_stream.sidecar.hot_rows import REWRITE_MIN_CHANGED
+
+    manifest, _ = sidecar
+    path = tmp_path / "p.plehot"
+    caches = _caches(manifest)
+    hot_ids = np.arange(1000, 1200, dtype=np.int64)
+    for _ in range(3):
+        _look(caches, hot_ids)
+    hot = HotRows(manifest, caches, share=0.2, interval_s=0, role="t", path=path)  # 200 rows a layer
+    assert hot.write() == 2 * 200
+    first = path.stat()
+    _look(caches, hot_ids)
+    caplog.set_level(logging.INFO)
+    assert hot.write() == 0  # the same rows: not rewritten
+    assert hot.skipped == 1 and "kept: 400 rows, 0.0 % of them changed" in caplog.records[-1].getMessage()
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    few = int(200 * REWRITE_MIN_CHANGED) - 1  # just under the limit of one layer's rows
+    for _ in range(8):  # hotter than the old set (each write halves the counts; a row at 0 drops out)
+        _look(caches, np.arange(3000, 3000 + few))
+    _look(caches, hot_ids)
+    assert hot.write() == 0 and path.stat().st_ino == first.st_ino
+    for _ in range(8):
+        _look(caches, np.arange(3000, 3000 + few + 2))  # now over it: the file follows the traffic
+    _look(caches, hot_ids)
+    assert hot.write() == 2 * 200 and path.stat().st_ino != first.st_ino
+    assert "written" in caplog.records[-1].getMessage()
+    _look(caches, hot_ids)
+    path.unlink()  # removed meanwhile (an operator's reset): written again, changed or not
+    assert hot.write() == 2 * 200 and path.is_file()
+    written = path.stat()
+    for c in caches.values():
+        c.close()
+
+    restart = _caches(manifest)
+    again = HotRows(manifest, restart, share=0.2, interval_s=0, role="t", path=path)
+    assert again.load() == 2 * 200
+    _look(restart, hot_ids[:50])  # a little traffic on the rows it loaded: nothing new to save at its stop
+    again.close()
+    assert again.skipped == 1 and path.stat().st_ino == written.st_ino
+    for c in restart.values():
+        c.close()
+
+
 def test_a_file_of_another_rank_or_a_damaged_one_is_ignored_with_one_warning(sidecar, tmp_path, caplog):
     manifest, _ = sidecar
     path = tmp_path / "p.plehot"

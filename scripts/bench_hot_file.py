@@ -199,31 +199,6 @@ def replay(sim: CacheSimulator, ids, calls: list, nreq: int, first_req: int) -> 
     return {"rows": rows, "pages": pages}
 
 
-def hottest_sim(sim: CacheSimulator, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``RowCache.hottest``'s ranking on a simulated cache (the same C: snapshot, then rank): ids and counts."""
-    cap = sim.capacity
-    keys, hits, valid = np.empty(cap, np.uint32), np.empty(cap, np.uint16), np.empty(cap, np.uint8)
-    sim._lib.rc_snapshot(sim._c, keys.ctypes.data, hits.ctypes.data, valid.ctypes.data)
-    slots = np.empty(k, np.int64)
-    n = sim._lib.rc_rank(keys.ctypes.data, hits.ctypes.data, valid.ctypes.data, cap, k, slots.ctypes.data)
-    if n < 0:
-        raise MemoryError("rc_rank")
-    slots = slots[:n]
-    return keys[slots].astype(np.int64), hits[slots]
-
-
-def admit_sim(sim: CacheSimulator, ids: np.ndarray) -> int:
-    """``RowCache.admit`` on a simulated cache (no storage: the rows are not copied), count 1 per row as
-    ``HotRows.load`` gives."""
-    ids = np.ascontiguousarray(ids, np.int64)
-    counts = np.ones(ids.size, np.uint16)
-    dummy = np.zeros((1, ROW_BYTES), np.uint8)
-    n = sim._lib.rc_admit(sim._c, ids.ctypes.data, dummy.ctypes.data, counts.ctypes.data, ids.size)
-    if n < 0:
-        raise RuntimeError("rc_admit refused")
-    return int(n)
-
-
 def summary(per: dict, first=FIRST) -> dict:
     out = {"whole_rows": int(per["rows"].sum()), "whole_pages": int(per["pages"].sum())}
     for k in first:
@@ -434,7 +409,7 @@ def cmd_run(args) -> dict:
         t = time.perf_counter()
         sim = CacheSimulator(cap, total_rows=ROWS, row_bytes=ROW_BYTES, seed=0)
         replay(sim, ids, learn_calls, len(learn), 0)
-        hot_ids, hot_counts = hottest_sim(sim, cap)  # the file a 100 % share writes: every share's is its prefix
+        hot_ids, hot_counts = sim.hottest(cap)  # the file a 100 % share writes: every share's is its prefix
         sim.close()
         hot_path = scratch / f"{args.name}-{gib}gib.plehot"
         rows = stand_in_rows(hot_ids)
@@ -456,7 +431,7 @@ def cmd_run(args) -> dict:
         for pct in args.shares:
             n = int(cap * pct / 100)
             sim = CacheSimulator(cap, total_rows=ROWS, row_bytes=ROW_BYTES, seed=0)
-            placed = admit_sim(sim, hot_ids[:n])
+            placed = sim.admit(hot_ids[:n])
             s = summary(replay(sim, ids, held_calls, nheld, held.start))
             s["rows_admitted"] = placed
             sim.close()
@@ -464,7 +439,7 @@ def cmd_run(args) -> dict:
         for pct in args.reverse_shares:  # the same rows admitted coldest first: the hottest leave the FIFO last
             n = int(cap * pct / 100)
             sim = CacheSimulator(cap, total_rows=ROWS, row_bytes=ROW_BYTES, seed=0)
-            placed = admit_sim(sim, hot_ids[:n][::-1])
+            placed = sim.admit(hot_ids[:n][::-1])
             s = summary(replay(sim, ids, held_calls, nheld, held.start))
             s["rows_admitted"] = placed
             sim.close()

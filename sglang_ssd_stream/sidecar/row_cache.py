@@ -455,19 +455,11 @@ class RowCache:
         prefetched and never looked up are not among them. ``age`` halves every count afterwards, so the next
         call ranks recent lookups first. Ranked off the cache's lock (a snapshot of keys and counts); the rows are
         copied in batches, each a moment under the lock, and a row evicted meanwhile is left out."""
-        k = max(0, int(k))
-        cap = self.capacity
-        keys, hits, valid = np.empty(cap, np.uint32), np.empty(cap, np.uint16), np.empty(cap, np.uint8)
         self._enter()
         try:
             # ctypes lets go of the GIL in each call: the snapshot holds the cache's lock a moment, the ranking
             # neither the lock nor the GIL, the copies the lock a moment per batch
-            self._lib.rc_snapshot(self._c, keys.ctypes.data, hits.ctypes.data, valid.ctypes.data)
-            slots = np.empty(k, np.int64)
-            n = self._lib.rc_rank(keys.ctypes.data, hits.ctypes.data, valid.ctypes.data, cap, k, slots.ctypes.data)
-            if n < 0:
-                raise MemoryError(f"PLE row cache for {self.table.file}: no memory to rank its rows")
-            slots = slots[:n]
+            keys, hits, slots = _rank(self._lib, self._c, self.capacity, k, f"PLE row cache for {self.table.file}")
             want = np.ascontiguousarray(keys[slots])
             rows, ok = np.empty((slots.size, self.row_bytes), np.uint8), np.zeros(slots.size, np.uint8)
             for a in range(0, slots.size, COPY_BATCH):
@@ -588,6 +580,19 @@ def captured_read(cache: RowCache, ids: np.ndarray, out: np.ndarray, *, what: st
     return cache.host_read(ids, out, what=what)
 
 
+def _rank(lib, handle, capacity: int, k: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A snapshot of a cache's keys and lookup counts, and the slots of its (at most) ``k`` most-looked-up rows,
+    most first (ties: the lower id); rows never looked up are not among them."""
+    k = max(0, int(k))
+    keys, hits, valid = np.empty(capacity, np.uint32), np.empty(capacity, np.uint16), np.empty(capacity, np.uint8)
+    lib.rc_snapshot(handle, keys.ctypes.data, hits.ctypes.data, valid.ctypes.data)
+    slots = np.empty(k, np.int64)
+    n = lib.rc_rank(keys.ctypes.data, hits.ctypes.data, valid.ctypes.data, capacity, k, slots.ctypes.data)
+    if n < 0:
+        raise MemoryError(f"{what}: no memory to rank its rows")
+    return keys, hits, slots[:n]
+
+
 # ----------------------------------------------------------------------------- simulation
 
 
@@ -610,6 +615,7 @@ class CacheSimulator:
         self._c = lib.rc_create(None, ctypes.byref(cfg), err, len(err))
         if not self._c:
             raise ValueError(_err(err))
+        self._vocab_start = int(vocab_start)
         self._finalizer = weakref.finalize(self, _release_sim, lib, self._c)
 
     def _call(self, ids, flags: int) -> None:
@@ -624,6 +630,23 @@ class CacheSimulator:
 
     def prefetch(self, ids: np.ndarray) -> None:
         self._call(ids, _F_PREFETCH)
+
+    def hottest(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`RowCache.hottest`'s ranking (no bytes: there are none): global ids (int64) and counts."""
+        keys, hits, slots = _rank(self._lib, self._c, self.capacity, k, "simulated PLE row cache")
+        return keys[slots].astype(np.int64) + self._vocab_start, hits[slots]
+
+    def admit(self, ids: np.ndarray, counts: np.ndarray | None = None) -> int:
+        """:meth:`RowCache.admit` without rows (the simulator stores none): placed in order, as a prefetch would
+        place them, each with ``counts`` (default 1, as ``HotRows.load`` gives). Returns how many were placed."""
+        ids = np.ascontiguousarray(ids, np.int64)
+        counts = np.ones(ids.size, np.uint16) if counts is None else np.ascontiguousarray(counts, np.uint16)
+        if counts.shape != ids.shape:
+            raise ValueError(f"counts must be uint16 [{ids.shape[0]}], got {counts.shape}")
+        n = self._lib.rc_admit(self._c, ids.ctypes.data, None, counts.ctypes.data, ids.size)
+        if n < 0:
+            raise ValueError("simulated PLE row cache: closed")
+        return int(n)
 
     @property
     def stats(self) -> dict:

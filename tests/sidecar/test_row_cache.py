@@ -387,6 +387,33 @@ def test_the_simulator_counts_exactly_what_a_real_cache_does(table, policy):
     assert a == b and a["evictions"] > 1000
 
 
+def test_the_simulator_ranks_and_admits_as_a_real_cache_does(table):
+    """The hot file's two calls (``hottest``, ``admit``) on the simulator give a real cache's answers (the hot-file
+    benchmark replays traces with them)."""
+    rng = np.random.default_rng(8)
+    real = cache_of(table, 1500, lo=500, hi=ROWS, _seed=3)
+    sim = CacheSimulator(1500, total_rows=ROWS, row_bytes=RB, seed=3, vocab_start=500, vocab_end=ROWS)
+    for _ in range(20):
+        ids = rng.integers(0, ROWS // 3, rng.integers(1, 800))
+        read(real, ids)
+        sim.access(ids)
+    ids, rows, counts = real.hottest(700)
+    sim_ids, sim_counts = sim.hottest(700)
+    np.testing.assert_array_equal(sim_ids, ids)
+    np.testing.assert_array_equal(sim_counts, counts)
+    assert ids.size == 700 and ids.min() >= 500
+    np.testing.assert_array_equal(rows, expect(ids, 500, ROWS))
+    new = np.arange(ROWS - 900, ROWS)  # rows neither has: placed in order until no slot is free
+    assert sim.admit(new) == real.admit(new, expect(new, 500, ROWS), np.ones(new.size, np.uint16)) > 0
+    a, b = real.stats, sim.stats
+    real.close()
+    a.pop("bytes_read")
+    b.pop("bytes_read")
+    assert a == b
+    with pytest.raises(ValueError, match="counts"):
+        sim.admit(new, np.ones(3, np.uint16))
+
+
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("debug_hash", [0, 1])
 def test_large_lookups_copy_on_several_threads_with_the_serial_decisions(table, policy, debug_hash):

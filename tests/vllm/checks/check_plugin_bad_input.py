@@ -305,8 +305,6 @@ def test_class_rebound_is_refused(monkeypatch, sidecar):
 def test_a_table_kept_outside_the_artifact_streams_only_from_a_named_root(monkeypatch, tmp_path):
     """A table linked to another disk: refused when the plugin loads, naming the knob;
     VLLM_PLE_TRUSTED_ROOTS=<that disk> (as SGLang's SGLANG_SSD_STREAM_TRUSTED_ROOTS) streams its rows, bit-exact."""
-    import torch
-
     cfg = harness.text_config()
     lay = harness.layout(cfg)
     table = random_table(lay.rows, lay.row_bytes, 11)
@@ -321,19 +319,12 @@ def test_a_table_kept_outside_the_artifact_streams_only_from_a_named_root(monkey
             harness.load_plugins(monkeypatch, streaming(manifest, VLLM_PLE_OFFLOAD_BACKEND="mmap"))
         harness.load_plugins(monkeypatch, streaming(manifest, VLLM_PLE_OFFLOAD_BACKEND="mmap",
                                                     VLLM_PLE_TRUSTED_ROOTS=str(disk2)))
-        model = harness.build(cfg)
-        ids, qsl, ctx = harness.ngram_batch(5)
-        model.start_prefetch(ids, qsl, ctx)
-        got = model(torch.empty(0), ids, qsl, ctx)
-        want = harness.rows_of(table, model.compute_ngram_ids(ids, qsl, ctx))
-    assert got.contiguous().view(torch.uint8).numpy().tobytes() == want.tobytes()
+        _streams_bit_exact(cfg, table, 5)
 
 
 def test_a_model_views_sidecar_streams_its_rows(monkeypatch, tmp_path):
     """VLLM_PLE_SIDECAR = a model view (the vLLM thor profile's {model}): the doctor, the SHA-256 check
     and the embedding all load it with the view's trusted roots, as SGLang does."""
-    import torch
-
     from tests.vllm.synthetic import write_view
 
     cfg = harness.text_config()
@@ -343,9 +334,16 @@ def test_a_model_views_sidecar_streams_its_rows(monkeypatch, tmp_path):
     view = write_view(tmp_path / "view", tmp_path / "prepared")
     with harness.distributed(1):
         harness.load_plugins(monkeypatch, streaming(view, VLLM_PLE_OFFLOAD_BACKEND="mmap"))
-        model = harness.build(cfg)
-        ids, qsl, ctx = harness.ngram_batch(3)
-        model.start_prefetch(ids, qsl, ctx)
-        got = model(torch.empty(0), ids, qsl, ctx)
-        want = harness.rows_of(table, model.compute_ngram_ids(ids, qsl, ctx))
+        _streams_bit_exact(cfg, table, 3)
+
+
+def _streams_bit_exact(cfg, table, seed: int) -> None:
+    """The real embedding of the plugin just loaded looks up a batch: the table's own rows, bit for bit."""
+    import torch
+
+    model = harness.build(cfg)
+    ids, qsl, ctx = harness.ngram_batch(seed)
+    model.start_prefetch(ids, qsl, ctx)
+    got = model(torch.empty(0), ids, qsl, ctx)
+    want = harness.rows_of(table, model.compute_ngram_ids(ids, qsl, ctx))
     assert got.contiguous().view(torch.uint8).numpy().tobytes() == want.tobytes()

@@ -67,9 +67,14 @@ def _integrated_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_properties(torch.cuda.current_device()).is_integrated
 
 
+def sidecar_manifest(settings) -> object:
+    """The sidecar of ``settings``, loaded once per process as the doctor and the plugin's SHA-256 check load it
+    (model views and ``VLLM_PLE_TRUSTED_ROOTS`` included)."""
+    return _manifest(str(settings.sidecar), settings.trusted_roots)
+
+
 @functools.lru_cache(maxsize=4)
 def _manifest(path: str, trusted_roots: tuple[str, ...]):
-    # as the doctor and the plugin's SHA-256 check load it (model views and trusted roots included)
     return load_sidecar(path, trusted_roots)
 
 
@@ -142,7 +147,7 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
                          reduce_results=reduce_results)
         start, end = self.shard_indices.org_vocab_start_index, self.shard_indices.org_vocab_end_index
         lookup_dtype = embedding_method.lookup_dtype(self)
-        self.table = _manifest(str(settings.sidecar), settings.trusted_roots).table(decoder_layer(prefix))
+        self.table = sidecar_manifest(settings).table(decoder_layer(prefix))
         check_model_shape(self.table, dtype=str(lookup_dtype), columns=embedding_dim, rows=self.org_vocab_size,
                           row_range=(start, end))
         self._device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
@@ -290,7 +295,7 @@ _ROW_CACHES: list[RowCache] = []
 def ple_layers(settings: env.PleSettings) -> int:
     """PLE tables of this process: the sidecar manifest's tables (one per PLE decoder layer, every
     rank streams a range of each), which the row cache budget is split over."""
-    return len({t.layer for t in _manifest(str(settings.sidecar), settings.trusted_roots).tables})
+    return len({t.layer for t in sidecar_manifest(settings).tables})
 
 
 def _open_row_cache(reader, settings: env.PleSettings, *, prefix: str, device: torch.device) -> RowCache | None:

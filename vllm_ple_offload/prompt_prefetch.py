@@ -320,13 +320,13 @@ def keep_hot(model, settings: env.PleSettings):
         return None
     from sglang_ssd_stream.sidecar.hot_rows import HotRows
 
-    from .embedding import StreamedPLEEmbedding, _manifest
+    from .embedding import StreamedPLEEmbedding, sidecar_manifest
 
     caches = {inner.table.layer: inner.row_cache for inner in model.modules()
               if isinstance(inner, StreamedPLEEmbedding) and inner.row_cache is not None}
     if not caches:
         return None
-    hot = HotRows(_manifest(str(settings.sidecar)), caches, share=settings.hot_share_pct / 100,
+    hot = HotRows(sidecar_manifest(settings), caches, share=settings.hot_share_pct / 100,
                   interval_s=settings.hot_interval_s, role=_role())
     with _lock:
         old, _hot = _hot, hot

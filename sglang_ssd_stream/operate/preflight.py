@@ -26,7 +26,8 @@ def _config_finding(check: str, kind: str, path: str | None) -> Finding:
     return Finding(OK, check, path)
 
 
-def file_findings(profile, model: str, draft: str | None) -> list[Finding]:
+def file_findings(profile, model: str, draft: str | None, env: dict | None = None) -> list[Finding]:
+    """``env``: the launch's environment (default: this process's), for the engine's trusted sidecar roots."""
     from .engine_config import engine_config_finding
 
     out = [_config_finding("model", "model", model)]
@@ -37,10 +38,10 @@ def file_findings(profile, model: str, draft: str | None) -> list[Finding]:
             loaded = engine_config_finding(path, check)
             out += [loaded] if loaded else []
     if profile.needs_sidecar and out[0].level == OK:
-        from ..sidecar.view import load_sidecar
+        from ..sidecar.view import engine_trusted_roots, load_sidecar
 
         try:
-            load_sidecar(model)
+            load_sidecar(model, extra_roots=engine_trusted_roots(profile.engine, env))
             out.append(Finding(OK, "sidecar", f"{model}/ssd-stream.json loads, sizes match"))
         except KitError as exc:  # Sidecar* (BadKitData) errors: the message names file and sizes
             out.append(Finding(ERROR, "sidecar", exc.message, "rebuild or re-download the sidecar "
@@ -67,7 +68,7 @@ def run_doctor(side, profile, model: str, draft: str | None, env: dict, argv: li
 def findings_for(side, profile, model: str, draft: str | None, env: dict, argv=(), *,
                  report_errors: bool = False) -> list[Finding]:
     """Our file checks, then the adapter's doctor (skipped when the model directory is unusable)."""
-    found = file_findings(profile, model, draft)
+    found = file_findings(profile, model, draft, env)
     return found + run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)
 
 

@@ -96,11 +96,13 @@ class _Usage(KitError):
 def cmd_profile(args: argparse.Namespace) -> int:
     from .hot_rows import process_role
     from .profile import build_profile
-    from .view import load_sidecar
+    from .view import engine_trusted_roots, extra_trusted_roots, load_sidecar
 
     if not 0 <= args.tp_rank < args.tp_size:
         raise _Usage(f"--tp-rank {args.tp_rank} is not a rank of --tp-size {args.tp_size}")
-    manifest = load_sidecar(args.artifact)
+    # the roots the engine's server trusts (its TRUSTED_ROOTS knob), and any named here
+    roots = [*engine_trusted_roots(args.engine), *extra_trusted_roots(args.trusted_root or ())]
+    manifest = load_sidecar(args.artifact, extra_roots=roots)
     role = args.role or process_role(args.engine, gpu=args.gpu, tp=args.tp_rank, pp=0)
     prof = build_profile(manifest, args.model, args.corpus, role=role, rows=args.rows, tp_rank=args.tp_rank,
                          tp_size=args.tp_size, shard_rule=args.shard_rule, path=args.out)
@@ -142,6 +144,9 @@ def add_profile_command(subparsers: argparse._SubParsersAction, engine: str, sha
         "does not split the tables over --tp-size, or the corpus is empty; 4: an I/O error; 64: bad command line.")
     p.add_argument("artifact", help="the sidecar: its directory or ssd-stream.json")
     p.add_argument("--model", required=True, metavar="DIR", help="the model directory (config.json, tokenizer)")
+    p.add_argument("--trusted-root", action="append", metavar="DIR",
+                   help="another directory table files may resolve into (repeatable; the engine's TRUSTED_ROOTS "
+                        "knob counts too)")
     p.add_argument("--corpus", required=True, nargs="+", metavar="FILE", help="text files, one request each")
     p.add_argument("--rows", type=int, default=100_000, metavar="N",
                    help="rows per PLE table, most looked up first (default 100000; the server takes at most its "

@@ -179,7 +179,8 @@ def resolve_table_path(manifest: Path, root: Path, rel: object, roots: list[str]
         raise SidecarPathEscape(
             f"{manifest}: table path {rel!r} resolves to {real}, outside the artifact directory {root} "
             f"(symlink escape); expected a file under {', '.join(roots)}; a table kept elsewhere needs its directory "
-            f"named in {' or '.join(knob(e, 'TRUSTED_ROOTS').name for e in (SGLANG, VLLM))} (the CLI: --trusted-root)",
+            f"named in {' or '.join(knob(e, 'TRUSTED_ROOTS').name for e in (SGLANG, VLLM))} "
+            f"(`sidecar verify` and `sidecar profile`: --trusted-root)",
             path=str(manifest), actual=real, expected=roots,
         )
     return Path(real)

@@ -69,7 +69,9 @@ class HotRows:
         self.loaded_rows = 0
         self.written: int | None = None  # rows in the last file written
         self.skipped = 0  # writes left out: the file already held (nearly) those rows
-        self._in_file: dict[int, np.ndarray] | None = None  # each layer's ids the file holds (sorted), when known
+        # what the file holds, when known: each layer's ids (sorted), and the file itself (dev, inode, size, mtime)
+        self._in_file: dict[int, np.ndarray] | None = None
+        self._file_id: tuple[int, int, int, int] | None = None
 
     def _rows_per_layer(self, cache) -> int:
         return int(cache.capacity * self.share)
@@ -80,17 +82,21 @@ class HotRows:
         budget = sum(self._rows_per_layer(c) * (c.row_bytes + 8) for c in self.caches.values())
         self._remove_stale_temporaries()
         t0 = time.monotonic()
+        file_id = self._stat()  # before the read: a file replaced meanwhile then differs from it, and is rewritten
         got = read_hot_file(self.path, self.manifest, self.row_range, budget)
         if got is None:
             return 0
         placed = 0
-        in_file = {}
+        in_file: dict[int, np.ndarray] | None = {} if not got.cut else None
         for layer, (ids, rows) in got.layers.items():
             cache = self.caches.get(layer)
+            n = 0 if cache is None else min(ids.size, self._rows_per_layer(cache))
+            if n < ids.size:
+                in_file = None  # the file holds rows this process left out: the next write replaces it
+            elif in_file is not None:
+                in_file[layer] = np.sort(ids)
             if cache is None:
                 continue  # a layer this process does not cache (it has fewer PLE layers bound)
-            n = min(ids.size, self._rows_per_layer(cache))
-            in_file[layer] = np.sort(ids[:n])
             # coldest first: the cache's FIFO evicts the rows placed first, so the hottest go in last (measured:
             # the first request then reads what Belady's optimum from the same rows reads; docs/hot-file-measured.md);
             # in blocks, so a large share is never copied whole
@@ -99,7 +105,7 @@ class HotRows:
                 placed += cache.admit(ids[a:b][::-1], rows[a:b][::-1], np.ones(b - a, np.uint16))
         seconds = time.monotonic() - t0
         self.loaded_rows = placed
-        self._in_file = in_file
+        self._in_file, self._file_id = in_file, file_id
         log.info("PLE hot file %s: %d rows into %d layer(s) in %.2f s (%.0f MiB/s)%s", self.path, placed,
                  len(got.layers), seconds, got.nbytes / max(seconds, 1e-9) / 2**20,
                  "; the share left rows of it out" if got.cut else "")
@@ -136,14 +142,16 @@ class HotRows:
                     return 0
                 kept = self._unchanged(layers)
                 if kept is None:
+                    self._in_file = self._file_id = None  # unknown until this write is through
                     write_hot_file(self.path, self.manifest, self.row_range, layers)
+                    self._in_file = {layer: np.sort(ids) for layer, (ids, _) in layers.items()}
+                    self._file_id = self._stat()
             except (OSError, MemoryError, KitError) as exc:  # disk full, read-only, a cache closed at exit
                 failed = exc
             else:
                 failed = None
                 if kept is None:
                     self.written = sum(ids.size for ids, _ in layers.values())
-                    self._in_file = {layer: np.sort(ids) for layer, (ids, _) in layers.items()}
                 else:
                     self.skipped += 1
         finally:
@@ -161,10 +169,21 @@ class HotRows:
         log.info("PLE hot file %s: %d rows written", self.path, self.written)
         return self.written
 
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
     def _unchanged(self, layers: dict) -> float | None:
-        """The part of rows that changed against the file (the most of any layer) when it is under
-        :data:`REWRITE_MIN_CHANGED` and the file is still there; None when the file is to be written."""
-        if self._in_file is None or set(layers) != set(self._in_file) or not self.path.is_file():
+        """The part of rows that changed against the file (the most of any layer) when every layer's is under
+        :data:`REWRITE_MIN_CHANGED` and the file is the very one this process read or wrote (not removed, replaced
+        or cut meanwhile); None when the file is to be written. The set is compared, not its order: a kept file
+        keeps its ranking (the next start's placement order, and what a smaller share takes first)."""
+        if self._in_file is None or set(layers) != set(self._in_file):
+            return None
+        if self._file_id is None or self._stat() != self._file_id:
             return None
         worst = 0.0
         for layer, (ids, _) in layers.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,6 +66,15 @@ def extra_trusted_roots(roots: Iterable[str | os.PathLike]) -> list[str]:
     """Roots the operator names (a knob, ``--trusted-root``), with their HF blobs."""
     roots = [str(r) for r in roots if str(r)]
     return roots + [str(b) for b in [hf_blobs_root(Path(r)) for r in roots] if b is not None]
+
+
+def engine_trusted_roots(engine: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The roots the engine's ``TRUSTED_ROOTS`` knob names in ``environ`` (default: this process's), with their HF
+    blobs: what that engine's server trusts, for the commands that check its sidecar beside it."""
+    from ..knobs import knob
+
+    env = os.environ if environ is None else environ
+    return extra_trusted_roots(knob(engine, "TRUSTED_ROOTS").read(env) or ())
 
 
 def load_sidecar(path: str | os.PathLike, *, extra_roots: Iterable[str | os.PathLike] = (),

@@ -385,3 +385,28 @@ def test_serve_sizes_reader_threads_to_the_cgroup_quota(tmp_path, monkeypatch, c
     calls.clear()
     args.func(args, exec_fn=lambda f, argv, env: calls.append(env))
     assert "SGLANG_SSD_STREAM_READ_WORKERS" not in calls[0]  # 16 fits 14 CPUs x 2: the engine's default stays
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_the_sidecar_check_trusts_what_that_engines_server_trusts(tmp_path, engine):
+    """A sidecar whose tables live on another disk: `serve`'s own check refuses it as the server would, naming the
+    knob, and passes it when the launch's environment sets that engine's TRUSTED_ROOTS (the other engine's grants
+    nothing)."""
+    from sglang_ssd_stream.findings import ERROR, OK
+    from sglang_ssd_stream.knobs import knob
+    from sglang_ssd_stream.operate.preflight import file_findings
+
+    model = write_model(tmp_path / "m")
+    disk2 = tmp_path / "disk2"
+    disk2.mkdir()
+    (model / "ple").rename(disk2 / "ple")
+    (model / "ple").symlink_to(disk2 / "ple")
+    profile = next(p for (e, _), p in PROFILES.items() if e == engine and p.needs_sidecar)
+    other = "vllm" if engine == "sglang" else "sglang"
+    own, theirs = knob(engine, "TRUSTED_ROOTS").name, knob(other, "TRUSTED_ROOTS").name
+    for env in ({}, {theirs: str(disk2)}):
+        [found] = [f for f in file_findings(profile, str(model), str(model / "mtp"), env) if f.check == "sidecar"]
+        assert found.level == ERROR and "symlink escape" in found.message and own in found.message, found
+    [found] = [f for f in file_findings(profile, str(model), str(model / "mtp"), {own: str(disk2)})
+               if f.check == "sidecar"]
+    assert found.level == OK, found

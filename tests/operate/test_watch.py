@@ -330,3 +330,20 @@ def test_every_side_hands_in_metric_names():
     for names in (SGLANG_METRICS, VLLM_METRICS):
         assert names.kv_usage and names.running and names.enable_hint
     assert dataclasses.replace(SIDES["vllm"], metrics=VLLM_METRICS).metrics.drafts_total
+
+
+def test_the_page_cache_measure_finds_tables_on_another_disk_as_the_server_trusts_them(tmp_path, monkeypatch, capsys):
+    """watch measures the sidecar's tables in the page cache: tables linked to another disk are found when the
+    engine's TRUSTED_ROOTS names it, and said not measured (watch goes on) when nothing does."""
+    from sglang_ssd_stream.operate.watch.cli import _sidecars
+
+    model = write_model(tmp_path / "m")
+    disk2 = tmp_path / "disk2"
+    disk2.mkdir()
+    (model / "ple").rename(disk2 / "ple")
+    (model / "ple").symlink_to(disk2 / "ple")
+    monkeypatch.delenv("VLLM_PLE_TRUSTED_ROOTS", raising=False)
+    assert _sidecars(str(model), "vllm") == ()
+    assert "watch: sidecar not measured" in capsys.readouterr().err
+    monkeypatch.setenv("VLLM_PLE_TRUSTED_ROOTS", str(disk2))
+    assert _sidecars(str(model), "vllm") == (str(disk2 / "ple" / "layer-3.bin"),)

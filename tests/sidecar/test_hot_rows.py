@@ -113,6 +113,46 @@ def test_a_file_that_would_barely_change_is_kept_and_rewritten_once_the_hot_set_
         c.close()
 
 
+def test_a_kept_file_is_only_ever_the_one_this_process_read_or_wrote_whole(sidecar, tmp_path):
+    """Keeping a file is safe only when it is the very file, whole: one the share cut at load, one damaged or
+    replaced by another writer while serving, is written again though the hot set did not move."""
+    manifest, _ = sidecar
+    path = tmp_path / "p.plehot"
+    hot_ids = np.arange(1000, 1900, dtype=np.int64)
+    first = _caches(manifest)
+    for _ in range(2):
+        _look(first, hot_ids)
+    assert HotRows(manifest, first, share=1.0, interval_s=0, role="t", path=path).write() == 2 * 900
+    big = path.stat().st_size
+    for c in first.values():
+        c.close()
+
+    cut = _caches(manifest)  # a smaller share at the next start: the file holds rows it leaves out
+    hot = HotRows(manifest, cut, share=0.2, interval_s=0, role="t", path=path)
+    assert hot.load() == 2 * 200
+    placed = hot_ids[:200]  # the file's first 200 (equal counts: the lower id first)
+    assert all(c.contains(placed).all() for c in cut.values())
+    _look(cut, placed)  # the same rows again: only the cut makes this write
+    assert hot.write() == 2 * 200 and hot.skipped == 0 and path.stat().st_size < big / 3
+
+    _look(cut, placed)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])  # cut by something else while serving
+    assert hot.write() == 2 * 200 and path.stat().st_size == len(raw)
+
+    other = _caches(manifest)  # another writer of the same name (say `sidecar profile`) replaces it
+    _look(other, np.arange(3000, 3200))
+    assert HotRows(manifest, other, share=0.2, interval_s=0, role="t", path=path).write() == 2 * 200
+    _look(cut, placed)
+    assert hot.write() == 2 * 200 and hot.skipped == 0
+    fresh = _caches(manifest)
+    assert HotRows(manifest, fresh, share=0.2, interval_s=0, role="t", path=path).load() == 2 * 200
+    for c in fresh.values():
+        assert c.contains(placed).all() and not c.contains(np.arange(3000, 3200)).any()
+    for c in (*cut.values(), *other.values(), *fresh.values()):
+        c.close()
+
+
 def test_a_file_of_another_rank_or_a_damaged_one_is_ignored_with_one_warning(sidecar, tmp_path, caplog):
     manifest, _ = sidecar
     path = tmp_path / "p.plehot"

@@ -33,11 +33,11 @@ def model_and_sidecar(tmp_path_factory):
     return profile_inputs(tmp_path_factory.mktemp("profile"), CORPUS)
 
 
-def _cli(*args, home: Path) -> subprocess.CompletedProcess:
+def _cli(*args, home: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sglang_ssd_stream", "sidecar", "profile", *map(str, args)],
                           capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(home), "SGLANG_SSD_STREAM_HOME": str(home / "kit"),
-                               "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+                               "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", **env})
 
 
 def _expected(model: Path, files, manifest, rows: int) -> dict[int, list[int]]:
@@ -230,3 +230,29 @@ def test_another_models_sidecar_and_an_empty_corpus_are_refused(model_and_sideca
     r = _cli(sidecar, "--model", model, "--corpus", empty, home=tmp_path)
     assert r.returncode == 3 and "no text to profile" in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "kit" / "hot").exists() or not any((tmp_path / "kit" / "hot").iterdir())
+
+
+def test_tables_on_another_disk_are_profiled_from_a_root_the_server_would_trust(model_and_sidecar, tmp_path):
+    """A sidecar whose tables are links to another disk: refused as the server refuses it (naming the knobs), and
+    profiled with --trusted-root or the engine's SGLANG_SSD_STREAM_TRUSTED_ROOTS."""
+    import shutil
+
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    model, sidecar, files = model_and_sidecar
+    manifest = load_sidecar(sidecar)
+    links = tmp_path / "links"
+    links.mkdir()
+    shutil.copy(manifest.path, links / manifest.path.name)
+    for t in manifest.tables:
+        (links / t.path).parent.mkdir(parents=True, exist_ok=True)
+        (links / t.path).symlink_to(t.file)
+    disk = str(Path(manifest.tables[0].file).parent)
+    r = _cli(links, "--model", model, "--corpus", *files, "--rows", 5, home=tmp_path)
+    assert r.returncode == 3 and "symlink escape" in r.stderr and "SGLANG_SSD_STREAM_TRUSTED_ROOTS" in r.stderr, \
+        r.stderr[-2000:]
+    r = _cli(links, "--model", model, "--corpus", *files, "--rows", 5, "--trusted-root", disk, home=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _cli(links, "--model", model, "--corpus", *files, "--rows", 5, home=tmp_path,
+             SGLANG_SSD_STREAM_TRUSTED_ROOTS=disk)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -43,7 +43,7 @@ def cmd_watch(args) -> int:
     from ..profiles import get_profile
 
     profile = get_profile(args.profile, args.side.name) if args.profile else None
-    sidecars = _sidecars(args.model)
+    sidecars = _sidecars(args.model, args.side.name)
     cfg = _watch_config(args, profile, sidecars, _doctor(args, profile))
     w = Watcher(cfg)
     print(f"watch: {args.url} every {args.interval:g} s -> {cfg.out}/watch.jsonl (limits: {cfg.limits.why})",
@@ -57,14 +57,16 @@ def cmd_watch(args) -> int:
     return EXIT_OK
 
 
-def _sidecars(model: str | None) -> tuple[str, ...]:
-    """The model's PLE sidecar table files, to measure in the page cache (none without a sidecar)."""
+def _sidecars(model: str | None, engine: str) -> tuple[str, ...]:
+    """The model's PLE sidecar table files, to measure in the page cache (none without a sidecar); trusted as
+    ``engine``'s server trusts them."""
     if not (model and Path(model, "ssd-stream.json").is_file()):
         return ()
-    from ...sidecar.view import load_sidecar
+    from ...sidecar.view import engine_trusted_roots, load_sidecar
 
     try:
-        return tuple(str(t.file) for t in load_sidecar(model, check_files=False).tables)
+        manifest = load_sidecar(model, extra_roots=engine_trusted_roots(engine), check_files=False)
+        return tuple(str(t.file) for t in manifest.tables)
     except Exception as exc:  # noqa: BLE001 - watch still runs; the doctor reports the sidecar
         print(f"watch: sidecar not measured: {exc}", file=sys.stderr)
         return ()

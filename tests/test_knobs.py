@@ -123,8 +123,8 @@ def test_sglang_settings_read_once_into_a_frozen_object():
     d = settings.read_settings({})
     assert (d.io, d.read_workers, d.gather, d.row_cache_mb, d.prefetch_chunks, d.ple_max_tokens, d.qsa_budget_mb,
             d.allow_unpatched, d.no_verify, d.prefetch_drafts) == ("mmap", 16, "h2d", 1024, 1, None, None, False, False,
-                                                                   True)
-    assert settings.read_settings({"SGLANG_SSD_STREAM_PREFETCH_DRAFTS": "0"}).prefetch_drafts is False
+                                                                   False)
+    assert settings.read_settings({"SGLANG_SSD_STREAM_PREFETCH_DRAFTS": "1"}).prefetch_drafts is True
 
 
 def test_sglang_refuses_an_unknown_or_retired_name():

@@ -98,7 +98,7 @@ class PleSettings:
     no_verify: bool = False  # skip the sidecar's SHA-256 check (streaming backends only)
     row_cache_mb: int = 0  # row cache budget for all PLE layers of the process (streaming only; 0 = off)
     prefetch_chunks: int = DEFAULT_PREFETCH_CHUNKS  # prompt-ahead window (with a row cache only)
-    prefetch_drafts: bool = True  # with MTP: a verify step's rows read as soon as its drafts exist
+    prefetch_drafts: bool = False  # with MTP: a verify step's rows read as soon as its drafts exist
     hot_share_pct: int = 0  # the hot file's part of each row cache (0: none; with a row cache only, default 100)
     hot_interval_s: int = 600  # seconds between hot-file writes (0: only at a clean shutdown)
     trusted_roots: tuple[str, ...] = ()  # extra roots the sidecar's table links may resolve into

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The PLE row cache + prompt-ahead prefetch on a GPU: cold prefill hidden, warm exposure, decode graphs,
 memory, bit-exactness; the hot file's cold chunk and decode rows ahead with MTP (issue 27 item 5). Its CPU parts
-run in ``tests/sidecar/test_row_cache_gpu_script.py``; ``hot_chunk`` and ``decode_draft`` are NOT YET RUN on a GPU.
+run in ``tests/sidecar/test_row_cache_gpu_script.py``; ``hot_chunk`` and ``decode_draft`` ran once on an H200
+(``benchmarks/hot_file/h200/``, docs/hot-file-measured.md).
 
 The pipeline under test is the one the engines will run: ``SidecarGather`` (staging/) over a
 :class:`~sglang_ssd_stream.sidecar.row_cache.RowCache` (rows in CUDA-registered memory, misses read

@@ -21,7 +21,8 @@ AROUND hooks of the same process use it:
   more than ``MAX_REQUESTS`` requests, should a path ever skip this call.
 
 With MTP (``EAGLEWorkerV2``, which serves qwen4_exp's NEXTN), two more AROUND hooks read a verify step's decode
-rows ahead (issue 27 item 3; ``SGLANG_SSD_STREAM_PREFETCH_DRAFTS=0`` turns them off, read once per model load):
+rows ahead (issue 27 item 3; off unless ``SGLANG_SSD_STREAM_PREFETCH_DRAFTS=1``, read once per model load: on the
+H200 the fetch did not lower a verify step's exposure, docs/hot-file-measured.md):
 
 - ``speculative.eagle_worker_v2.EagleDraftWorker.draft(batch)``: its result holds the verify input, whose
   ``draft_token`` row per request is the last committed token, then the drafts (qwen4_exp's PLE refuses
@@ -67,7 +68,7 @@ _warned: set[str] = set()  # what this process said once (a failure, the first a
 _last_report = [0.0]
 _reports = [0]
 _verify = {"steps": 0, "misses": 0}  # CPU only: verify forwards, and their lookups that read the disk
-_drafts = [True]  # SGLANG_SSD_STREAM_PREFETCH_DRAFTS, read when a model registers its prefetcher
+_drafts = [False]  # SGLANG_SSD_STREAM_PREFETCH_DRAFTS, read when a model registers its prefetcher
 
 
 def register(model, prefetcher) -> None:

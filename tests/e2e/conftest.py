@@ -520,11 +520,12 @@ def qwen4_mtp_ram(stage, qwen4_model) -> Scenario:
 def qwen4_mtp_sidecar(stage, qwen4_model, sidecar) -> Scenario:
     """Ours under MTP with the default launch's PLE path: the sidecar through the row cache, prompt-ahead
     prefetch on."""
-    # no hot file: the verify-step fetch must be seen to read rows a cold cache lacks (test_5)
+    # the verify-step fetch on (off by default) and no hot file: it must be seen to read rows a cold cache lacks
+    # (test_5)
     return stage.serve("qwen4-mtp-sidecar", "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
                        standin=True, args=mtp_server_args(qwen4_model, "--ple-offload-embedding"),
                        env={"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": "mmap",
-                            "SGLANG_SSD_STREAM_HOT_SHARE_PCT": "0"})
+                            "SGLANG_SSD_STREAM_HOT_SHARE_PCT": "0", "SGLANG_SSD_STREAM_PREFETCH_DRAFTS": "1"})
 
 
 FEW_MAMBA_SLOTS = 2  # fewer than the profile's 4 running requests need with the radix cache off (1 each)

@@ -356,10 +356,12 @@ def spec_counters(server: VllmServer) -> dict:
 def streamed_mmap_mtp(stage, qwen4_mtp_model, sidecar) -> Scenario:
     """(b)'s configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the same sidecar) on the
     checkpoint with its MTP draft, served with MTP 2: the greedy runs, then vLLM's spec-decode counters."""
-    # no hot file: the verify-step fetch must be seen to read rows a cold cache lacks (test_7)
+    # the verify-step fetch on (off by default) and no hot file: it must be seen to read rows a cold cache lacks
+    # (test_7)
     return stage.serve("streamed-mmap-mtp", qwen4_mtp_model,
                        lambda s: {"greedy": greedy_runs(s), "spec": spec_counters(s)},
-                       env=streamed("mmap", sidecar, VLLM_PLE_HOT_SHARE_PCT="0"), args=MTP_ARGS)
+                       env=streamed("mmap", sidecar, VLLM_PLE_HOT_SHARE_PCT="0", VLLM_PLE_PREFETCH_DRAFTS="1"),
+                       args=MTP_ARGS)
 
 
 BAD_KNOB = ("VLLM_PLE_FETCH_WORKERS", "+8")  # int() would take it; the plugin's one rule for numbers does not

@@ -124,12 +124,13 @@ _SHARED = (
             extra={VLLM: "(refused with `VLLM_PLE_ROW_CACHE_MB=0`; runs in vLLM's V2 model runner)"},
             kwargs=dict(default=PREFETCH_DEFAULT_CHUNKS, lo=0, hi=PREFETCH_MAX_CHUNKS, unit=" chunks",
                         what="an integer number of prefill chunks ahead (e.g. 2; 0: the scheduled chunk only)")),
-    # off by default: on the H200 it did not lower a verify step's exposure (256 rows, 80 % cached: 6.4-8.7 % of
-    # the step against 7.6-7.9 % on demand; 16 rows: 3.0-5.3 % against 0-2.5 %), docs/hot-file-measured.md
+    # off by default: on the H200 at 12 ms steps it did not lower a verify step's exposure (256 rows, 80 % cached:
+    # 8.9 % of the step against 9.6 % on demand, medians; worse at 16 rows); at 49 ms steps it did (2.4-4.2 %
+    # against 4.5-5.1 %), so the thor profiles turn it on (docs/hot-file-measured.md)
     _Shared("PREFETCH_DRAFTS", FLAG, "with MTP, `1` reads each verify step's PLE rows into the row cache as soon as "
             "its draft tokens exist ([sidecar.md](sidecar.md)); unset or `0`: a verify step reads its misses when it "
-            "looks them up. Off by default: on the H200 it did not lower a verify step's exposure, and raised it at "
-            "16 rows ([hot-file-measured.md](hot-file-measured.md)); slower steps (Thor) are not measured",
+            "looks them up. On the H200 it lowered a verify step's exposure only at Thor-class step times (49 ms, "
+            "not 12 ms: [hot-file-measured.md](hot-file-measured.md)): off by default, on in the `thor` profiles",
             extra={VLLM: "(with a row cache only)"}, kwargs=dict(default=False)),
     _Shared("HOT_SHARE_PCT", INT, "the hot file ([hot-file.md](hot-file.md)): the part of each row cache, in "
             "percent, that the process's most-looked-up rows fill at start (read in one sequential pass) and that "

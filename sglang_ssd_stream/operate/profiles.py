@@ -146,6 +146,10 @@ _THOR = Profile(
         # held-out code trace 1 GiB of rows read 1.06x Belady's optimum and 37-39 % fewer pages than a page
         # cache held to 1 GiB (benchmarks/row_cache/README.md)
         "SGLANG_SSD_STREAM_ROW_CACHE_MB": "1024",
+        # MTP's verify rows read as soon as the drafts exist: with Thor-class steps (simulated 1 ms layers on the
+        # H200, 49 ms steps) it cut a 256-row step's exposure from 4.5-5.1 % to 2.4-4.2 % and a 1,024-row one's
+        # by half; with 12 ms steps it saved nothing (docs/hot-file-measured.md). Not yet run on a Thor.
+        "SGLANG_SSD_STREAM_PREFETCH_DRAFTS": "1",
     }),
     port=8000,
     needs_sidecar=True,
@@ -252,6 +256,7 @@ _VLLM_THOR = Profile(
         "VLLM_PLE_SIDECAR": MODEL,  # the model view holds ssd-stream.json
         "VLLM_PLE_FETCH_WORKERS": "24",  # 003: 24 workers x 2,048 rows per task took 277 -> 10 us/row
         "VLLM_PLE_ROWS_PER_TASK": "2048",
+        "VLLM_PLE_PREFETCH_DRAFTS": "1",  # as SGLang's thor profile: it pays with Thor-class steps (measured there)
     }),
     port=8001,  # PORT=8001
     default_served_name="qwen3.8-flash-next",

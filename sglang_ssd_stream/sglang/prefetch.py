@@ -21,8 +21,9 @@ AROUND hooks of the same process use it:
   more than ``MAX_REQUESTS`` requests, should a path ever skip this call.
 
 With MTP (``EAGLEWorkerV2``, which serves qwen4_exp's NEXTN), two more AROUND hooks read a verify step's decode
-rows ahead (issue 27 item 3; off unless ``SGLANG_SSD_STREAM_PREFETCH_DRAFTS=1``, read once per model load: on the
-H200 the fetch did not lower a verify step's exposure, docs/hot-file-measured.md):
+rows ahead (issue 27 item 3; off unless ``SGLANG_SSD_STREAM_PREFETCH_DRAFTS=1``, as the thor profile sets it, read
+once per model load: on the H200 it lowered a verify step's exposure only at Thor-class step times,
+docs/hot-file-measured.md):
 
 - ``speculative.eagle_worker_v2.EagleDraftWorker.draft(batch)``: its result holds the verify input, whose
   ``draft_token`` row per request is the last committed token, then the drafts (qwen4_exp's PLE refuses

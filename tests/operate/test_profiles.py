@@ -36,7 +36,8 @@ def test_vllm_thor_exact_argv_and_env():
         "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_xml", "--reasoning-parser", "qwen3",
         "--host", "127.0.0.1", "--port", "8001", "--served-model-name", "qwen3.8-flash-next"]
     assert launch.env == {"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "mmap", "VLLM_PLE_SIDECAR": "/m",
-                          "VLLM_PLE_FETCH_WORKERS": "24", "VLLM_PLE_ROWS_PER_TASK": "2048"}
+                          "VLLM_PLE_FETCH_WORKERS": "24", "VLLM_PLE_ROWS_PER_TASK": "2048",
+                          "VLLM_PLE_PREFETCH_DRAFTS": "1"}
 
 
 def test_the_thor_profiles_of_both_engines_are_distinct():

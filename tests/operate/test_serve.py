@@ -49,7 +49,7 @@ def test_thor_exact_argv_and_env():
     assert launch.argv == [SGLANG, "serve", *THOR_ARGS, "--host", "127.0.0.1", "--port", "8000"]
     assert launch.env == {"PATH": "/bin", "SGLANG_PLUGINS": "ssd_stream", "SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB": "32",
                           "SGLANG_EMPTY_CACHE_INTERVAL": "60", "SGLANG_SANITIZE_NAN_LOGITS": "1",
-                          "SGLANG_SSD_STREAM_ROW_CACHE_MB": "1024"}
+                          "SGLANG_SSD_STREAM_ROW_CACHE_MB": "1024", "SGLANG_SSD_STREAM_PREFETCH_DRAFTS": "1"}
 
 
 def test_exported_knobs_win_over_the_profile_and_are_shown():

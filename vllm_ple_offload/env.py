@@ -190,9 +190,11 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PleSettings | Non
     if row_cache_mb == 0 and PREFETCH_CHUNKS in env:
         raise PleSettingsError(f"{PREFETCH_CHUNKS} set while {ROW_CACHE_MB}=0: prompt-ahead prefetch reads rows into "
                                f"the row cache, which is off; unset {PREFETCH_CHUNKS}, or give the cache a budget")
-    if row_cache_mb == 0 and PREFETCH_DRAFTS in env:
-        raise PleSettingsError(f"{PREFETCH_DRAFTS} set while {ROW_CACHE_MB}=0: a verify step's rows are read into the "
-                               f"row cache, which is off; unset {PREFETCH_DRAFTS}, or give the cache a budget")
+    # only "on" is refused: the thor profile sets 1, and an operator who turns the cache off must be able to say 0
+    if row_cache_mb == 0 and PREFETCH_DRAFTS in env and _read(env, PREFETCH_DRAFTS):
+        raise PleSettingsError(f"{PREFETCH_DRAFTS}=1 while {ROW_CACHE_MB}=0: a verify step's rows are read into the "
+                               f"row cache, which is off; set {PREFETCH_DRAFTS}=0 (or unset it), or give the cache a "
+                               f"budget")
     hot_share_pct = _read(env, HOT_SHARE_PCT)
     if row_cache_mb == 0 and hot_share_pct and HOT_SHARE_PCT in env:
         raise PleSettingsError(f"{HOT_SHARE_PCT}={hot_share_pct} while {ROW_CACHE_MB}=0: the hot file fills the row "

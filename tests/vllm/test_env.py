@@ -220,9 +220,13 @@ def test_prefetch_without_a_cache_is_refused():
 def test_the_verify_step_fetch_is_on_with_a_cache_and_its_knob_turns_it_off():
     assert env.read_settings(STREAM).prefetch_drafts is False  # off by default (the H200 measurement)
     assert env.read_settings({**STREAM, "VLLM_PLE_PREFETCH_DRAFTS": "1"}).prefetch_drafts is True
-    with pytest.raises(PleSettingsError, match="VLLM_PLE_PREFETCH_DRAFTS set while VLLM_PLE_ROW_CACHE_MB=0: a "
-                                               "verify step's rows are read into the row cache, which is off"):
+    with pytest.raises(PleSettingsError, match="VLLM_PLE_PREFETCH_DRAFTS=1 while VLLM_PLE_ROW_CACHE_MB=0: a "
+                                               "verify step's rows are read into the row cache, which is off; set "
+                                               "VLLM_PLE_PREFETCH_DRAFTS=0"):
         env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_PREFETCH_DRAFTS": "1"})
+    # the thor profile sets it to 1: an operator who turns the cache off says 0 (exported values win)
+    off = env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_PREFETCH_DRAFTS": "0"})
+    assert off.prefetch_drafts is False and off.row_cache_mb == 0
     with pytest.raises(PleSettingsError, match="VLLM_PLE_PREFETCH_DRAFTS='yes' must be 0 or 1"):
         env.read_settings({**STREAM, "VLLM_PLE_PREFETCH_DRAFTS": "yes"})
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic_file import remove_stale_temporaries
 from ..errors import KitError
 from .hot_file import hot_file_path, read_hot_file, write_hot_file
 
@@ -112,13 +113,11 @@ class HotRows:
         return placed
 
     def _remove_stale_temporaries(self) -> None:
-        """A write cut short by a SIGKILL leaves its temporary file (``atomic_file``'s ``.NAME.*.tmp``), as large as
-        the share; the file is this process's alone, so the next start removes them."""
-        try:
-            for tmp in self.path.parent.glob(f".{self.path.name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("PLE hot file %s: leftover temporary files not removed (%s)", self.path, exc)
+        """A write cut short by a SIGKILL leaves its temporary file, as large as the share; the next start removes
+        those whose writer is gone (a live writer's, another process given the same role, is left: its lock)."""
+        removed = remove_stale_temporaries(self.path)
+        if removed:
+            log.info("PLE hot file %s: %d temporary file(s) of writes cut short removed", self.path, removed)
 
     def write(self) -> int | None:
         """The caches' hottest rows (each layer's share) to the hot file, atomically; their counts are halved,

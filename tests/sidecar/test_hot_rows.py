@@ -4,10 +4,12 @@ hottest rows to the hot file and a new set of caches (the next start) gets them 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -324,3 +326,64 @@ def test_process_roles_name_the_engine_device_and_ranks():
 
     assert process_role("sglang", gpu=1, tp=1, pp=0) == "sglang-gpu1-tp1-pp0"
     assert process_role("vllm", gpu=None, tp=None, pp=None) == "vllm-cpu"  # no CUDA, no distributed groups
+
+
+def test_two_writers_of_one_file_lose_no_write(sidecar, tmp_path):
+    """Two processes given one role each remove stale temporaries at their start and write the file: neither
+    removes the other's temporary mid-write (it is locked), so every write lands."""
+    from sglang_ssd_stream.sidecar.hot_file import write_hot_file
+
+    manifest, tables = sidecar
+    path = tmp_path / "p.plehot"
+    ranges = {n: (0, ROWS) for n in LAYERS}
+    rows = {n: (np.arange(2000, dtype=np.int64), tables[n][:2000]) for n in LAYERS}
+    errors = []
+
+    def writer():
+        hot = HotRows(manifest, _caches(manifest, capacity=10), share=1.0, interval_s=0, role="t", path=path)
+        for _ in range(40):
+            hot.load()  # a start: its stale temporaries removed, the file read
+            try:
+                write_hot_file(path, manifest, ranges, rows)
+            except OSError as exc:
+                errors.append(exc)
+        for c in hot.caches.values():
+            c.close()
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [], f"{len(errors)} of 80 writes lost: {errors[0]!r}"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".p.plehot")) == []
+
+
+def test_a_start_leaves_a_live_writers_temporary_and_its_write_lands(sidecar, tmp_path):
+    """The deterministic case of the race above: a start's cleanup runs while another writer is mid-write."""
+    from sglang_ssd_stream.atomic_file import replacing
+
+    manifest, _ = sidecar
+    path = tmp_path / "p.plehot"
+    with replacing(path) as f:
+        f.write(b"half a file")
+        (live,) = tmp_path.glob(".p.plehot.*.tmp")
+        assert HotRows(manifest, _caches(manifest), share=0.5, interval_s=0, role="t", path=path).load() == 0
+        assert live.exists()
+        f.write(b", then the rest")
+    assert path.read_bytes() == b"half a file, then the rest" and not live.exists()
+
+
+def test_the_start_skips_a_directory_named_like_a_temporary_and_removes_the_stale_ones(sidecar, tmp_path):
+    manifest, _ = sidecar
+    path = tmp_path / "p.plehot"
+    odd = tmp_path / ".p.plehot.0000dir.tmp"
+    odd.mkdir()
+    (odd / "inside").write_bytes(b"kept")
+    stale = [tmp_path / f".p.plehot.{i:02d}stale.tmp" for i in range(20)]  # some before the directory, some after
+    for p in stale:
+        p.write_bytes(b"x" * 4096)
+    os.symlink(stale[0], tmp_path / ".p.plehot.link.tmp")  # a link is not a writer's file either
+    assert HotRows(manifest, _caches(manifest), share=0.5, interval_s=0, role="t", path=path).load() == 0
+    assert not any(p.exists() for p in stale)
+    assert (odd / "inside").read_bytes() == b"kept" and (tmp_path / ".p.plehot.link.tmp").is_symlink()

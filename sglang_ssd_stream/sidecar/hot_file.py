@@ -9,7 +9,7 @@ Layout (little-endian; ``docs/hot-file.md`` has the table)::
 
     prefix   magic b"\\x89PLEHOT\\n", u32 version, u32 meta_len, u64 segments            24 bytes
     meta     strict JSON: format, manifest identity, block_rows, role, tables [{layer, sha256, row_bytes,
-             row_range, count}]                                                         meta_len bytes
+             row_range, count, file}]                                                   meta_len bytes
     digests  SHA-256 of each segment (ids bytes then rows bytes), in file order           32 × segments
     check    SHA-256 of everything above                                                32 bytes
     blocks   block b = for each table (meta order) with rows there: ids int64 [n], rows uint8 [n, row_bytes]
@@ -18,9 +18,12 @@ Layout (little-endian; ``docs/hot-file.md`` has the table)::
 Blocks go rank-major across tables, so any prefix of the file holds every table's hottest rows: a budget cut
 reads a prefix and stops, never skipping forward or back. Trust: the version, then the header checksum, then the
 binding (the sidecar's manifest identity, every table's SHA-256 and row size as the manifest records them, this
-process's row range of each table: tables of different sizes split differently over TP ranks) are checked
+process's row range of each table: tables of different sizes split differently over TP ranks, and each table
+file's identity, ``file``: device, inode, size, mtime and ctime of the file the rows were read from) are checked
 before any row is read; each segment's SHA-256 before any row is returned; the ids after that (inside the range
-and the table, no duplicates). Anything else is ``None`` and one warning line.
+and the table, no duplicates); then a sample of the rows against the table file itself. Anything else is
+``None`` and one warning line. The segment checksums prove only that the file is whole; the binding and the
+sample are what tie its rows to the table (``docs/hot-file.md``, "Trust model").
 
 SHA-256 (``hashlib``, no new dependency; xxhash is not one of ours): hardware-assisted on x86 (SHA-NI) and Arm
 (crypto extensions) where BLAKE2b is not (here, with SHA-NI: 1.1 GiB/s a core against BLAKE2b's 1.0), and the
@@ -50,12 +53,14 @@ from ..atomic_file import replacing
 from ..paths import data_dir
 from .errors import SidecarRowOutOfRange, SidecarShapeMismatch
 from .format import FORMAT as SIDECAR_FORMAT
-from .format import SidecarManifest
+from .format import SidecarManifest, SidecarTable
+from .reader import open_table
+from .verify import FILE_KEY_FIELDS, file_key
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"\x89PLEHOT\n"  # the high bit and the newline catch 7-bit and text-mode copies
-VERSION = 2  # 2: a row range per table (1 had one range for every table; never released)
+VERSION = 3  # 3: each table file's identity; 2: a row range per table (1 had one for every table; never released)
 FORMAT = "sglang-ssd-stream-hot"
 SUFFIX = ".plehot"
 HOT_DIR = "hot"
@@ -66,6 +71,14 @@ MAX_BLOCK_ROWS = 1 << 22
 MAX_META_BYTES = 1 << 20
 HASH_THREADS = 4
 READAHEAD = 32 << 20  # asked for ahead of the reader (cold 1 GiB: 0.10-0.48 -> 0.17-0.55 GiB/s on a VM's disk)
+# The rows read back from the table at load: each table's hottest SPOT_HEAD (the first looked up) and SPOT_SAMPLE
+# more drawn afresh from os.urandom at each load, so a forger cannot know which. K = 64: its 80 random reads took
+# 10 ms, 2.6 % of a cold 256 MiB load (0.40 s) on the CPU box; 256 took 30 ms (7.6 %), 1,024 104 ms (26 %)
+# (scripts/bench_hot_spot_check.py; docs/hot-file.md, "Trust model"). A file whose rows are wrong in part f passes
+# with (1 - f)^K: 64 misses 10 % wrong rows once in about 850 loads, and no K short of the whole set catches one
+# wrong row, so more reads buy little.
+SPOT_HEAD = 16
+SPOT_SAMPLE = 64
 _ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID = np.dtype("<i8")
 
@@ -207,9 +220,11 @@ def _tables_for(manifest: SidecarManifest, ranges: dict[int, RowRange],
 
 def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range: RowRange | RowRanges,
                    rows_by_layer: dict[int, tuple[np.ndarray, np.ndarray]], *, role: str = "",
-                   block_rows: int = DEFAULT_BLOCK_ROWS) -> int:
+                   block_rows: int = DEFAULT_BLOCK_ROWS, table_stats: dict[int, os.stat_result] | None = None) -> int:
     """Write ``rows_by_layer`` (``{layer: (ids int64 [n], rows uint8 [n, row_bytes])}``, hottest first) as the
     hot file ``path`` of ``manifest``'s sidecar and ``row_range`` (this rank's ``(vocab_start, vocab_end)``).
+    ``table_stats``: ``{layer: os.fstat(fd)}`` of the table files the rows were read from (default: each table
+    file as it is now); the reader refuses the file once a table is another file or was written since.
 
     Atomic: a temporary file beside ``path``, fsync, rename, fsync of the directory; a failure (raised:
     ``OSError``) leaves the old file as it was. Bad input (a layer the sidecar lacks, a wrong row size, an id
@@ -221,11 +236,14 @@ def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range
         raise ValueError(f"block_rows {block_rows}: expected 1..{MAX_BLOCK_ROWS}")
     tables = _tables_for(manifest, ranges, rows_by_layer)
     segments = _segments([ids.size for _, ids, _ in tables], block_rows)
+    stats = table_stats or {}
     meta = {
         "format": FORMAT, "manifest": manifest_identity(manifest), "block_rows": block_rows,
         "role": str(role), "written_unix": int(time.time()),
         "tables": [{"layer": layer, "sha256": manifest.table(layer).sha256, "row_bytes": int(rows.shape[1]),
-                    "row_range": list(ranges[layer]), "count": int(ids.size)} for layer, ids, rows in tables],
+                    "row_range": list(ranges[layer]), "count": int(ids.size),
+                    "file": file_key(stats[layer] if layer in stats else os.stat(manifest.table(layer).file))}
+                   for layer, ids, rows in tables],
     }
     raw_meta = json.dumps(meta, separators=(",", ":")).encode()
     if len(raw_meta) > MAX_META_BYTES:
@@ -285,8 +303,9 @@ def read_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range:
     """The rows of hot file ``path`` for ``manifest``'s sidecar and ``row_range``, at most ``budget_bytes``
     of them (ids + rows; each table's hottest first, equal ranks across tables), or None and one warning line
     naming why (missing, unreadable, not a regular file, another version, truncated, a checksum that does not
-    match, another sidecar, another row range, invalid ids). Never raises for a bad file and never returns a
-    row that was not checked.
+    match, another sidecar, another row range, a table file that is not the one the rows were read from, invalid
+    ids, a sampled row that differs from its table). Never raises for a bad file and never returns a row that was
+    not checked.
 
     One pass: the header, then the file's prefix that the budget takes, read in increasing offsets with large
     reads straight into the returned arrays; no seek, no read twice."""
@@ -353,15 +372,16 @@ def _int(v: object, lo: int, hi: int, what: str) -> int:
 
 
 def _bind(meta: dict, manifest: SidecarManifest, ranges: dict[int, RowRange]
-          ) -> tuple[int, list[tuple[int, int, int]]]:
-    """Check the file's binding to this sidecar and range; ``(block_rows, [(layer, row_bytes, count)])``."""
+          ) -> tuple[int, list[tuple[int, int, int]], dict[int, dict]]:
+    """Check the file's binding to this sidecar and range; ``(block_rows, [(layer, row_bytes, count)],
+    {layer: the table file's identity when the rows were read})``."""
     if meta.get("manifest") != manifest_identity(manifest):
         raise _Bad(f"written for another sidecar (manifest identity {str(meta.get('manifest'))[:16]}…, this one's "
                    f"is {manifest_identity(manifest)[:16]}…)")
     tables = meta.get("tables")
     if not isinstance(tables, list) or len(tables) > len(manifest.tables):
         raise _Bad("corrupt header (tables)")
-    out, seen = [], set()
+    out, seen, files = [], set(), {}
     for t in tables:
         if not isinstance(t, dict):
             raise _Bad("corrupt header (tables)")
@@ -379,8 +399,69 @@ def _bind(meta: dict, manifest: SidecarManifest, ranges: dict[int, RowRange]
         count = _int(t.get("count"), 0, mine.rows, f"layer {layer}'s count")
         if count > ranges[layer][1] - ranges[layer][0]:
             raise _Bad("corrupt header (more rows than the range holds)")
+        files[layer] = _recorded_file(t.get("file"), layer)
         out.append((layer, mine.row_bytes, count))
-    return _int(meta.get("block_rows"), 1, MAX_BLOCK_ROWS, "block_rows"), out
+    return _int(meta.get("block_rows"), 1, MAX_BLOCK_ROWS, "block_rows"), out, files
+
+
+def _recorded_file(doc: object, layer: int) -> dict:
+    """A table's recorded file identity (``file_key``'s fields, each an integer)."""
+    if not isinstance(doc, dict) or set(doc) != set(FILE_KEY_FIELDS):
+        raise _Bad(f"corrupt header (layer {layer}'s table file identity)")
+    for name in FILE_KEY_FIELDS:
+        _int(doc[name], -(1 << 63), (1 << 64) - 1, f"layer {layer}'s {name}")  # times before 1970 are negative
+    return doc
+
+
+def changed_fields(recorded: dict | os.stat_result, now: dict | os.stat_result) -> str:
+    """What differs between two identities of a file (``file_key``'s fields), e.g. ``"inode 12 -> 13"``; ``""``
+    when none does."""
+    a = recorded if isinstance(recorded, dict) else file_key(recorded)
+    b = now if isinstance(now, dict) else file_key(now)
+    return ", ".join(f"{name} {a.get(name)} -> {b[name]}" for name in FILE_KEY_FIELDS if a.get(name) != b[name])
+
+
+def _open_tables(manifest: SidecarManifest, files: dict[int, dict], fds: dict[int, int]) -> None:
+    """Open each table the file has rows of into ``fds`` (the caller closes them), refusing one that is not the
+    very file its rows were read from: another inode (a table replaced by a rename), or the same one written since
+    (its size, mtime or ctime moved: ctime even when the writer put mtime back)."""
+    for layer, recorded in files.items():
+        table = manifest.table(layer)
+        try:
+            fds[layer] = fd = open_table(table.file)
+            now = os.fstat(fd)
+        except OSError as exc:
+            raise _Bad(f"layer {layer}'s table {table.file} cannot be opened ({exc.strerror or exc})") from None
+        why = changed_fields(recorded, now)
+        if why:
+            raise _Bad(f"layer {layer}'s table {table.file} is not the file its rows were read from ({why})")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # the sample's reads: one page each, no read-ahead
+
+
+def _spot_check(manifest: SidecarManifest, fds: dict[int, int], out: dict, pool) -> None:
+    """Read a sample of the rows read back from the tables themselves (each table's first SPOT_HEAD, SPOT_SAMPLE
+    more drawn from os.urandom) and refuse the file at the first that differs: the checksums only prove the file
+    is whole, and a forged one (its identities copied) or a writer's bug carries wrong rows with right sums."""
+    rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+    checks = []
+    for layer, (ids, rows) in out.items():
+        n = ids.size
+        ranks = np.union1d(np.arange(min(SPOT_HEAD, n)), rng.choice(n, min(SPOT_SAMPLE, n), replace=False))
+        checks.append((layer, pool.submit(_first_differing, fds[layer], manifest.table(layer), ids[ranks],
+                                          rows[ranks])))
+    for layer, fut in checks:
+        bad = fut.result()
+        if bad is not None:
+            raise _Bad(f"layer {layer}'s row {bad} differs from its table {manifest.table(layer).file}")
+
+
+def _first_differing(fd: int, table: SidecarTable, ids: np.ndarray, rows: np.ndarray) -> int | None:
+    """The first of ``ids`` whose bytes in the table are not its row of ``rows``; None when every one matches."""
+    rb = table.row_bytes
+    for i, row in zip(ids.tolist(), rows, strict=True):
+        if os.pread(fd, rb, (i - table.row_start) * rb) != row.tobytes():
+            return i
+    return None
 
 
 def _take(tables: list[tuple[int, int, int]], budget: int) -> int:
@@ -397,6 +478,7 @@ def _take(tables: list[tuple[int, int, int]], budget: int) -> int:
 def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], budget: int) -> HotSet:
     fd = _open(path)
     pool = None
+    tables_fds: dict[int, int] = {}
     try:
         size = os.fstat(fd).st_size
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead window for the one pass
@@ -416,7 +498,8 @@ def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], bu
         header_end = _PREFIX.size + len(rest)
         if hashlib.sha256(prefix + rest[:-DIGEST]).digest() != rest[-DIGEST:]:
             raise _Bad("corrupt header (checksum mismatch)")
-        block_rows, tables = _bind(_meta(bytes(rest[:meta_len])), manifest, ranges)
+        block_rows, tables, files = _bind(_meta(bytes(rest[:meta_len])), manifest, ranges)
+        _open_tables(manifest, files, tables_fds)  # before any row is read: a stale file costs no I/O
         segments = _segments([n for _, _, n in tables], block_rows)
         if len(segments) != nseg:
             raise _Bad(f"corrupt header ({nseg} segments listed, {len(segments)} described)")
@@ -460,6 +543,7 @@ def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], bu
             if ids.size and (ids.min() < max(lo, t.row_start) or ids.max() >= min(hi, t.row_end)
                              or _has_duplicates(ids)):
                 raise _Bad(f"invalid ids in layer {layer} (outside the range or the table, or listed twice)")
+        _spot_check(manifest, tables_fds, out, pool)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         total = sum(n for _, _, n in tables)
         return HotSet(path, {layer: ranges[layer] for layer in out}, out,
@@ -467,8 +551,10 @@ def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], bu
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        for table_fd in tables_fds.values():
+            os.close(table_fd)
         os.close(fd)
 
 
-__all__ = ["HotSet", "hot_file_path", "hottest", "manifest_identity", "read_hot_file", "write_hot_file", "VERSION",
-           "MAGIC", "DEFAULT_BLOCK_ROWS"]
+__all__ = ["HotSet", "changed_fields", "hot_file_path", "hottest", "manifest_identity", "read_hot_file",
+           "write_hot_file", "VERSION", "MAGIC", "DEFAULT_BLOCK_ROWS"]

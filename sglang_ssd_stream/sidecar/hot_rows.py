@@ -24,7 +24,7 @@ import numpy as np
 
 from ..atomic_file import remove_stale_temporaries
 from ..errors import KitError
-from .hot_file import hot_file_path, read_hot_file, write_hot_file
+from .hot_file import changed_fields, hot_file_path, read_hot_file, write_hot_file
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ def process_role(engine: str, *, gpu: int | None, tp: int | None, pp: int | None
     parts = [engine, "cpu" if gpu is None else f"gpu{gpu}"]
     parts += [f"{name}{rank}" for name, rank in (("tp", tp), ("pp", pp)) if rank is not None]
     return "-".join(parts)
+
+
+class TableChanged(Exception):
+    """A table file changed under the serving process: the hot file is not written."""
 
 
 class HotRows:
@@ -73,6 +77,9 @@ class HotRows:
         # what the file holds, when known: each layer's ids (sorted), and the file itself (dev, inode, size, mtime)
         self._in_file: dict[int, np.ndarray] | None = None
         self._file_id: tuple[int, int, int, int] | None = None
+        # each table file as this process's caches read it: a write records it (the next start refuses the file
+        # when its table is another), and a table written while served is never written into the file
+        self._tables = {layer: os.fstat(c.fileno()) for layer, c in caches.items()}
 
     def _rows_per_layer(self, cache) -> int:
         return int(cache.capacity * self.share)
@@ -139,13 +146,15 @@ class HotRows:
                         layers[layer] = (ids, rows)
                 if not layers:
                     return 0
+                self._check_tables(layers)
                 kept = self._unchanged(layers)
                 if kept is None:
                     self._in_file = self._file_id = None  # unknown until this write is through
-                    write_hot_file(self.path, self.manifest, self.row_range, layers)
+                    write_hot_file(self.path, self.manifest, self.row_range, layers,
+                                   table_stats={layer: self._tables[layer] for layer in layers})
                     self._in_file = {layer: np.sort(ids) for layer, (ids, _) in layers.items()}
                     self._file_id = self._stat()
-            except (OSError, MemoryError, KitError) as exc:  # disk full, read-only, a cache closed at exit
+            except (OSError, MemoryError, KitError, TableChanged) as exc:  # disk full, read-only, a cache closed
                 failed = exc
             else:
                 failed = None
@@ -167,6 +176,16 @@ class HotRows:
             return 0
         log.info("PLE hot file %s: %d rows written", self.path, self.written)
         return self.written
+
+    def _check_tables(self, layers: dict) -> None:
+        """:class:`TableChanged` when a table file changed since this process opened it (its inode's size, mtime or
+        ctime moved): written in place, the cache may hold rows of either content, and none may outlive this
+        process; renamed over (only its ctime moves, its rows stay right), the next start refuses the file anyway."""
+        for layer in layers:
+            why = changed_fields(self._tables[layer], os.fstat(self.caches[layer].fileno()))
+            if why:
+                raise TableChanged(f"PLE table {self.manifest.table(layer).file} (layer {layer}) changed while it is "
+                                   f"served ({why}: written in place, or replaced); its rows are not saved")
 
     def _stat(self) -> tuple[int, int, int, int] | None:
         try:

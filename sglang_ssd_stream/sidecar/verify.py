@@ -75,9 +75,12 @@ def _fallback_cache_file(manifest: SidecarManifest, cache_dir: str | os.PathLike
     return Path(cache_dir or default_cache_dir()) / f"{key}.json"
 
 
-def _file_key(st: os.stat_result) -> dict:
-    return {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "ctime_ns": st.st_ctime_ns}
+FILE_KEY_FIELDS = ("device", "inode", "size", "mtime_ns", "ctime_ns")
+
+
+def file_key(st: os.stat_result) -> dict:
+    """What a write to a file changes, as this cache and the hot file (``hot_file.py``) record it."""
+    return dict(zip(FILE_KEY_FIELDS, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), strict=True))
 
 
 def _read_cache(path: Path) -> dict:
@@ -216,7 +219,7 @@ def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
             st = os.stat(t.file)
         except OSError as exc:
             raise SidecarIOError(f"cannot stat PLE table {t.file}: {exc.strerror or exc}", path=str(t.file)) from exc
-        key = _file_key(st)
+        key = file_key(st)
         cached = entries.get(t.path)
         if use_cache and cached == {**key, "sha256": t.sha256}:
             results.append(TableCheck(t.layer, t.path, "cached", t.sha256, t.sha256, t.bytes, 0.0))
@@ -255,4 +258,4 @@ def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
 
 def table_file_key(table: SidecarTable) -> dict:
     """The (device, inode, size, mtime_ns, ctime_ns) cache key of a table file (for adapters that log it)."""
-    return _file_key(os.stat(table.file))
+    return file_key(os.stat(table.file))

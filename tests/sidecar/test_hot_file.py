@@ -12,6 +12,7 @@ import logging
 import os
 import stat
 import struct
+import time
 import types
 
 import numpy as np
@@ -217,12 +218,12 @@ def test_trailing_bytes(written, caplog):
 def test_a_file_that_shrinks_while_read_is_truncated(written, caplog, monkeypatch):
     """The size check passes (fstat says the old size), then the file ends early: the short read is caught."""
     path, manifest, _ = written
-    size = path.stat().st_size
+    size, ino = path.stat().st_size, path.stat().st_ino
     os.truncate(path, size - 1000)
 
-    def old_size(fd):
+    def old_size(fd):  # of the hot file only (the tables' are checked against their recorded identity)
         st = os.fstat(fd)
-        return os.stat_result((st.st_mode, *st[1:6], size, *st[7:]))
+        return st if st.st_ino != ino else os.stat_result((st.st_mode, *st[1:6], size, *st[7:]))
     monkeypatch.setattr(hf, "os", _Os(fstat=old_size))
     _ignored(caplog, path, manifest, "truncated in layer")
 
@@ -454,10 +455,12 @@ def test_writer_refuses_bad_rows_before_writing(written, bad, err):
 
 
 class _OsSpy:
-    """The module's view of ``os``: records every call; reads go through the real position only."""
+    """The module's view of ``os``: records every call on the hot file (the one descriptor it opens itself; the
+    tables' are opened by the reader module, and the sample of rows read back from them is positioned reads);
+    reads go through the real position only."""
 
     def __init__(self):
-        self.calls, self.reads = [], []
+        self.calls, self.reads, self.fd = [], [], None
 
     def __getattr__(self, name):
         real = getattr(os, name)
@@ -465,7 +468,12 @@ class _OsSpy:
             return real
 
         def call(*a, **k):
-            self.calls.append(name)
+            if name == "open":
+                self.fd = real(*a, **k)
+                self.calls.append(name)
+                return self.fd
+            if a and a[0] == self.fd:
+                self.calls.append(name)
             if name == "readv":
                 fd, bufs = a
                 pos = os.lseek(fd, 0, os.SEEK_CUR)  # the real os, not recorded: the module never seeks
@@ -562,3 +570,77 @@ def test_each_table_binds_its_own_range(sidecar, tmp_path, caplog):
         hf.write_hot_file(path, manifest, {FP8: (0, 5), BF16: (1000, ROWS)}, rows)
     assert "-ranges" in hf.hot_file_path(manifest, ranges, "r").name
     assert "-rows0-3001-" in hf.hot_file_path(manifest, RANGE, "r").name
+
+
+# ----------------------------------------------------------------------------- the rows are the table's (issue 38)
+
+
+def _rewrite_in_place(file, data: bytes) -> None:
+    """Write ``data`` over ``file`` (same inode, same size) and put its mtime back, as a careful editor would.
+    The sleep: ctime is stamped from the kernel's coarse clock, so a rewrite within one tick of the file's own
+    creation would keep it (the trust model's stated limit)."""
+    st = os.stat(file)
+    time.sleep(0.05)
+    with open(file, "r+b") as f:
+        f.write(data)
+    os.utime(file, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(file).st_ino, os.stat(file).st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+
+
+def test_an_unchanged_table_loads_as_before_even_when_its_artifact_moves(written, tmp_path):
+    path, manifest, rows = written
+    for _ in range(2):  # reading the tables (the sample, a server's reads) changes nothing
+        got = hf.read_hot_file(path, manifest, RANGE, 1 << 30)
+        assert got is not None and got.rows == 750 + 433
+    os.rename(manifest.root, tmp_path / "moved")  # the directory moves; its table files' inodes are untouched
+    got = hf.read_hot_file(path, load_manifest(tmp_path / "moved"), RANGE, 1 << 30)
+    assert got is not None and got.layers[FP8][1].tobytes() == rows[FP8][1].tobytes()
+
+
+def test_the_file_records_each_table_files_identity(written):
+    path, manifest, _ = written
+    raw = path.read_bytes()
+    meta = json.loads(raw[24:24 + struct.unpack_from("<8sIIQ", raw)[2]])
+    for t in meta["tables"]:
+        st = os.stat(manifest.table(t["layer"]).file)
+        assert t["file"] == {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size,
+                             "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def test_a_table_rewritten_in_place_with_its_mtime_put_back_is_refused(written, caplog):
+    """Even with the very same bytes: the file no longer proves which rows it was learned from."""
+    path, manifest, _ = written
+    table = manifest.table(BF16).file
+    _rewrite_in_place(table, table.read_bytes())
+    why = _ignored(caplog, path, manifest, f"layer {BF16}'s table {table} is not the file its rows were read from")
+    assert "ctime_ns" in why and "mtime_ns" not in why and "inode" not in why
+
+
+def test_a_table_replaced_by_a_rename_is_refused(written, caplog):
+    path, manifest, _ = written
+    table = manifest.table(FP8).file
+    new = table.with_name("layer-new.bin")
+    new.write_bytes(table.read_bytes())  # the same rows, as a restore from a backup brings them
+    os.replace(new, table)
+    assert "inode" in _ignored(caplog, path, manifest, f"layer {FP8}'s table {table} is not the file")
+
+
+@pytest.mark.parametrize("forged", ["the hottest row", "every row", "the last row of a small file"])
+def test_a_forged_file_with_right_checksums_is_refused(sidecar, tmp_path, caplog, forged):
+    """Wrong rows written with the real writer: the identities and every checksum are right for the file, and
+    only reading rows back from the table tells. A table of at most SPOT_HEAD + SPOT_SAMPLE rows in the file is
+    checked whole."""
+    manifest, tables = sidecar
+    counts = (40, 30) if forged == "the last row of a small file" else (750, 433)
+    rows = _hot(tables, counts)
+    ids, data = rows[FP8][0], rows[FP8][1].copy()
+    if forged == "every row":
+        data = random_table(ids.size, 160, 99)
+    else:
+        data[0 if forged == "the hottest row" else -1, 7] ^= 0x40
+    rows[FP8] = (ids, data)
+    path = tmp_path / "forged.plehot"
+    hf.write_hot_file(path, manifest, RANGE, rows, block_rows=BLOCK)
+    _ignored(caplog, path, manifest, f"layer {FP8}'s row")
+    assert "differs from its table" in caplog.records[-1].getMessage()
+    assert max(counts) <= hf.SPOT_HEAD + hf.SPOT_SAMPLE or forged != "the last row of a small file"

@@ -328,6 +328,113 @@ def test_process_roles_name_the_engine_device_and_ranks():
     assert process_role("vllm", gpu=None, tp=None, pp=None) == "vllm-cpu"  # no CUDA, no distributed groups
 
 
+# ----------------------------------------------------------------------------- a hot file never carries a wrong row
+
+
+def _rewrite_rows_in_place(file, ids, rows) -> None:
+    """Write ``rows`` over rows ``ids`` of a table file in place and put its mtime back (inode and size kept)."""
+    st = os.stat(file)
+    time.sleep(0.05)  # ctime is stamped from the kernel's coarse clock: a tick away from the file's creation
+    with open(file, "r+b") as f:
+        for i, row in zip(ids.tolist(), rows, strict=True):
+            f.seek(i * 160)
+            f.write(row.tobytes())
+    os.utime(file, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _restore_by_rename(file, table) -> None:
+    new = file.with_name(file.name + ".new")
+    new.write_bytes(table.tobytes())
+    os.replace(new, file)
+
+
+def test_a_forged_hot_file_places_no_row(sidecar, tmp_path, caplog):
+    """A file of wrong rows with every identity and checksum right (written by the real writer): refused, one
+    warning, not one row in the caches; the rows then come from the table."""
+    from sglang_ssd_stream.sidecar.hot_file import write_hot_file
+
+    manifest, tables = sidecar
+    path = tmp_path / "p.plehot"
+    hot_ids = np.arange(100, 300, dtype=np.int64)
+    wrong = {n: (hot_ids, random_table(hot_ids.size, 160, 50 + n)) for n in LAYERS}
+    write_hot_file(path, manifest, {n: (0, ROWS) for n in LAYERS}, wrong)
+    caches = _caches(manifest)
+    with caplog.at_level(logging.WARNING):
+        assert HotRows(manifest, caches, share=0.5, interval_s=0, role="t", path=path).load() == 0
+    assert len(caplog.records) == 1 and "differs from its table" in caplog.records[0].getMessage()
+    for n, c in caches.items():
+        assert c.occupancy() == (0, 0)
+        out = np.empty((hot_ids.size, 160), np.uint8)
+        c.read_rows(hot_ids, out)
+        np.testing.assert_array_equal(out, tables[n][hot_ids])
+        c.close()
+
+
+def test_wrong_rows_served_from_a_table_rewritten_in_place_do_not_outlive_its_restore(sidecar, tmp_path, caplog):
+    """Issue 38 (b): a table rewritten in place with its mtime put back is served wrong and its rows are saved;
+    the operator restores the right table by a rename; the restart (whose re-hash of the tables passes) refuses
+    the hot file, serves the right rows from the table and writes them; the start after that loads them."""
+    manifest, tables = sidecar
+    path = tmp_path / "p.plehot"
+    hot_ids = np.arange(100, 300, dtype=np.int64)
+    layer = LAYERS[0]
+    file = manifest.table(layer).file
+    _rewrite_rows_in_place(file, hot_ids, random_table(hot_ids.size, 160, 77))
+    wrong = _caches(manifest)  # a start after the rewrite (a start that did not re-hash): it serves wrong rows
+    for _ in range(3):
+        _look(wrong, hot_ids)
+    assert HotRows(manifest, wrong, share=0.2, interval_s=0, role="t", path=path).write() == 2 * 200
+    for c in wrong.values():
+        c.close()
+
+    _restore_by_rename(file, tables[layer])
+    restart = _caches(manifest)
+    with caplog.at_level(logging.WARNING):
+        hot = HotRows(manifest, restart, share=0.2, interval_s=0, role="t", path=path)
+        assert hot.load() == 0
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+    assert f"layer {layer}'s table {file} is not the file its rows were read from (inode" in caplog.text
+    assert all(c.occupancy() == (0, 0) for c in restart.values())
+    for n, c in restart.items():
+        out = np.empty((hot_ids.size, 160), np.uint8)
+        for _ in range(3):
+            c.read_rows(hot_ids, out)
+        np.testing.assert_array_equal(out, tables[n][hot_ids])
+    assert hot.write() == 2 * 200
+    for c in restart.values():
+        c.close()
+
+    again = _caches(manifest)  # an unchanged table: the file loads as before
+    assert HotRows(manifest, again, share=0.2, interval_s=0, role="t", path=path).load() == 2 * 200
+    for n, c in again.items():
+        out = np.empty((hot_ids.size, 160), np.uint8)
+        c.read_rows(hot_ids, out)
+        np.testing.assert_array_equal(out, tables[n][hot_ids])
+        assert c.stats["rows_read"] == 0
+        c.close()
+
+
+def test_a_table_rewritten_while_served_is_not_saved(sidecar, tmp_path, caplog):
+    """The cache may hold rows of either content: the writer refuses, one warning, and leaves the file as it was."""
+    manifest, _ = sidecar
+    path = tmp_path / "p.plehot"
+    caches = _caches(manifest)
+    _look(caches, np.arange(50))
+    hot = HotRows(manifest, caches, share=0.5, interval_s=0, role="t", path=path)
+    assert hot.write() == 2 * 50
+    before = path.read_bytes()
+    file = manifest.table(LAYERS[1]).file
+    _rewrite_rows_in_place(file, np.arange(50), random_table(50, 160, 78))
+    _look(caches, np.arange(50, 200))
+    with caplog.at_level(logging.WARNING):
+        assert hot.write() is None
+    assert len(caplog.records) == 1 and f"PLE table {file} (layer {LAYERS[1]}) changed while it is served" \
+        in caplog.records[0].getMessage()
+    assert path.read_bytes() == before
+    for c in caches.values():
+        c.close()
+
+
 def test_two_writers_of_one_file_lose_no_write(sidecar, tmp_path):
     """Two processes given one role each remove stale temporaries at their start and write the file: neither
     removes the other's temporary mid-write (it is locked), so every write lands."""

@@ -73,8 +73,9 @@ HASH_THREADS = 4
 READAHEAD = 32 << 20  # asked for ahead of the reader (cold 1 GiB: 0.10-0.48 -> 0.17-0.55 GiB/s on a VM's disk)
 # The rows read back from the table at load: each table's hottest SPOT_HEAD (the first looked up) and SPOT_SAMPLE
 # more drawn afresh from os.urandom at each load, so a forger cannot know which. K = 64: its 80 random reads took
-# 10 ms, 2.6 % of a cold 256 MiB load (0.40 s) on the CPU box; 256 took 30 ms (7.6 %), 1,024 104 ms (26 %)
-# (scripts/bench_hot_spot_check.py; docs/hot-file.md, "Trust model"). A file whose rows are wrong in part f passes
+# 10-12 ms, 2.6 % of a cold 256 MiB load (0.40-0.44 s) on the CPU box in two runs; 256 took 30-34 ms (7.6-7.8 %),
+# 1,024 104-132 ms (26-30 %) (scripts/bench_hot_spot_check.py; docs/hot-file.md, "Trust model"). A file whose rows
+# are wrong in part f passes
 # with (1 - f)^K: 64 misses 10 % wrong rows once in about 850 loads, and no K short of the whole set catches one
 # wrong row, so more reads buy little.
 SPOT_HEAD = 16

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Create (once) and print the path of a cached venv holding an engine release, for tests and CI.
-# Usage: scripts/engine-venv.sh sglang|vllm [release]   (default: the pinned release)
+# Usage: scripts/engine-venv.sh [--private DIR] sglang|vllm [release]   (default: the pinned release)
+#   --private DIR: print instead the python of a private copy made under DIR (hard links, seconds; see
+#   private_copy below): what a test run patches, so two runs on one box never write the same venv.
 # Every distribution comes from the hash locks (hashes/locks/, written by scripts/lock.py) through
 # `pip install --require-hashes --no-deps`: the runtime lock install.sh uses plus the test extra.
 # Cache key: engine, release, Python minor version and the SHA-256 of the locks used, so a lock
@@ -11,6 +13,11 @@
 # not all installable here (sglang 0.5.22 needs cuda-tile from a vendor index), and our patches
 # touch only the engine's own .py files, which the overlay carries byte for byte.
 set -eu
+private=""
+if [ "${1:-}" = --private ]; then
+    private=$2
+    shift 2
+fi
 engine=$1
 repo=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
@@ -23,6 +30,34 @@ locks=$repo/hashes/locks
 
 lock_key() {  # first 16 hex digits of the SHA-256 over the given lock files
     cat "$@" | "$py" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:16])'
+}
+
+# A private copy of venv $1 at $2: hard links (the cache's inodes are shared, so only renames may write
+# them: the patcher's, pip's and Python's own byte-code writes are renames), except what a test run could
+# write by name: the engine package's .py sources and the kit's state directory become files of their own,
+# and the entry points, whose shebangs name the cached venv's interpreter, are rewritten into new files.
+# The kit is installed editable from this checkout into the copy alone, so a run never re-points the venv
+# another checkout's run uses.
+private_copy() {
+    src=$1 dest=$2
+    rm -rf "$dest"
+    mkdir -p "$(dirname "$dest")"
+    cp -al "$src" "$dest"
+    for f in "$dest"/bin/*; do
+        [ -f "$f" ] && [ ! -L "$f" ] || continue
+        head -n 1 "$f" | grep -q "^#!$src/bin/" || continue
+        sed "1s|^#!$src/bin/|#!$dest/bin/|" "$f" >"$f.new" && chmod 755 "$f.new" && mv "$f.new" "$f"
+    done
+    "$dest/bin/python" - "$dest" <<'PY'
+import os, pathlib, shutil, sys
+for sp in pathlib.Path(sys.argv[1]).glob("lib/python*/site-packages"):
+    for top in ("sglang", "vllm", ".sglang-ssd-stream"):
+        for f in (sp / top).rglob("*") if (sp / top).is_dir() else ():
+            if f.is_file() and not f.is_symlink() and (top.startswith(".") or f.suffix == ".py"):
+                shutil.copy2(f, f.with_name(f.name + ".private"))
+                os.replace(f.with_name(f.name + ".private"), f)
+PY
+    "$dest/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
 }
 
 runtime_lock=$locks/$engine-$pinned-py$pyver-$arch.txt
@@ -58,7 +93,7 @@ if [ "$release" = "$pinned" ]; then
 else
     overlay_lock=$locks/$engine-$release-py$pyver-$arch.overlay.txt
     [ -f "$overlay_lock" ] || { echo "engine-venv: no lock $overlay_lock (scripts/lock.py writes it)" >&2; exit 2; }
-    base=$("$0" "$engine")
+    base=$("$0" "$engine")  # (never private: the overlay is made of the cached base)
     base_venv=$(dirname "$(dirname "$base")")
     venv="$cache/venvs/$engine-$release-on-$pinned-py$pyver-$(lock_key "$runtime_lock" "$test_lock" "$overlay_lock")"
     if [ ! -f "$venv/.complete" ]; then
@@ -71,10 +106,15 @@ else
             --force-reinstall -r "$overlay_lock" >&2
         touch "$venv/.complete"
     fi
-    echo "$venv/bin/python"
+fi
+if [ -n "$private" ]; then
+    copy="$private/$(basename "$venv")"
+    private_copy "$venv" "$copy"
+    echo "$copy/bin/python"
     exit 0
 fi
 # The kit itself, editable, so the engine's plugin loaders see our entry points (its dependencies
-# and setuptools, the build backend, came from the lock).
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
+# and setuptools, the build backend, came from the lock). An overlay has its base's.
+[ "$release" = "$pinned" ] && \
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo" >&2
 echo "$venv/bin/python"

@@ -150,11 +150,26 @@ def test_check_on_missing_runtime_fails(tmp_path):
 
 @pytest.mark.sglang
 def test_real_install_then_verified_noop_rerun(tmp_path):
-    """A real runtime (cached between CI runs, so later runs prove the no-op path)."""
+    """A real runtime (cached between CI runs, so later runs prove the no-op path). Another test run on this box
+    uses the same cached runtime: one at a time (it waits, saying so)."""
+    from filelock import FileLock, Timeout
+
     cache = os.environ.get("SSD_STREAM_CACHE")
     if not cache:
         pytest.fail("SSD_STREAM_CACHE is not set: run the tests through scripts/test.sh")
-    prefix = Path(cache) / "install-e2e"
+    lock = FileLock(str(Path(cache) / "install-e2e.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print("waiting for another test run's install test (the cached runtime is one at a time)", file=sys.stderr)
+        lock.acquire(timeout=3600)
+    try:
+        _real_install_then_verified_noop_rerun(tmp_path, Path(cache) / "install-e2e")
+    finally:
+        lock.release()
+
+
+def _real_install_then_verified_noop_rerun(tmp_path: Path, prefix: Path) -> None:
     bindir = tmp_path / "bin"
     first = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], timeout=1800)
     assert first.returncode == 0, first.stdout + first.stderr

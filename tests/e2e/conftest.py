@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ..engine import EngineVenv, engine_venv
 from . import probes
 from .models import VOCAB
 from .probes import token_ids
-from .server import HYBRID_CAPS, ServerFailed, SglangServer, build_stub_driver, stop_all
+from .server import HYBRID_CAPS, ServerFailed, SglangServer, build_stub_driver, request_failed, stop_all
 
 ALLOW_UNPATCHED = {"SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
 # patch 0007's settings, lowered so the survey's oversized body and half-sent request cost little time
@@ -92,6 +93,8 @@ class Stage:
             sc.pids.update(server.group_pids())
         except ServerFailed as exc:
             pytest.fail(f"scenario {name}: {exc}")
+        except httpx.HTTPError as exc:
+            pytest.fail(request_failed(name, server, exc))
         finally:
             sc.cpu_seconds = server.cpu_seconds()
             server.stop()

@@ -115,7 +115,7 @@ def make_qwen4_exp(out: Path) -> Path:
 MTP_DIR = "mtp"  # the real checkpoint's draft directory (profiles: --speculative-draft-model-path <snapshot>/mtp)
 
 
-def write_mtp_draft(model: Path, seed: int = 1) -> Path:
+def write_mtp_draft(model: Path, seed: int = 1, *, repeat_draft: bool = True) -> Path:
     """The NEXTN draft of the tiny qwen4_exp at ``model/mtp``, laid out as the real checkpoint's draft: the
     target's ``config.json`` (sglang rewrites the architecture to ``Qwen4ExpForCausalLMMTP`` for a draft and
     shrinks it to one full-attention layer) and ``mtp.*`` tensors, which transformers' class never writes.
@@ -125,8 +125,17 @@ def write_mtp_draft(model: Path, seed: int = 1) -> Path:
     a QSA attention layer like the target's layer 3, so its tensors take that layer's shapes; the fusion
     (hyper-connection width 2: ``fc_embedding``, ``fc_hidden``, ``pre_fc_norm_embedding`` [hidden],
     ``pre_fc_norm_hidden`` [2 x hidden]) is new. sglang 0.5.23's draft sets ``ple_layer_ids = []``: the draft has
-    no PLE layer, so no PLE tensor is written (the loader would only warn and skip one). Random values: the
-    draft's accept rate means nothing; greedy output must not depend on it."""
+    no PLE layer, so no PLE tensor is written (the loader would only warn and skip one). Greedy output must not
+    depend on the draft.
+
+    ``repeat_draft`` (issue 37 item 5): a random draft's proposals are all rejected (accept rate 0.00 in every
+    decode line of both engines), which proves "MTP on equals MTP off" only on the reject path. So the draft is
+    made to propose the token the target has just emitted: its layer adds nothing (``o_proj``, every
+    ``down_proj`` and ``fc_embedding`` zero, so the hyper-connection streams pass through unchanged),
+    ``fc_hidden`` is the identity, and its final mixer is the target's own (copied). It then maps the target's
+    multi-stream state at position p (scaled by the ``pre_fc_norm_hidden`` RMSNorm, which the mixer's per-branch
+    norm undoes) to the target's sampled stream at p, whose argmax is the token just emitted; it is accepted
+    wherever the target repeats a token."""
     import shutil
 
     import torch
@@ -162,6 +171,14 @@ def write_mtp_draft(model: Path, seed: int = 1) -> Path:
     out["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(hc * hidden, dtype=bf16)
     if not any(".self_attn.indexer." in n for n in out):
         raise AssertionError("the target's QSA layer has no indexer tensors: the draft layout would be wrong")
+    if repeat_draft:
+        for name in out:
+            if name.startswith("mtp.hyper_connection_mixer."):
+                out[name] = target[mixer + name[len("mtp.hyper_connection_mixer."):]].clone()
+            elif name == "mtp.fc_hidden.weight":
+                out[name] = torch.eye(out[name].shape[0], dtype=out[name].dtype)
+            elif name == "mtp.fc_embedding.weight" or name.endswith((".o_proj.weight", ".down_proj.weight")):
+                out[name] = torch.zeros_like(out[name])
     save_file(out, str(draft / "model.safetensors"), metadata={"format": "pt"})
     return draft
 

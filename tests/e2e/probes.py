@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from .server import SglangServer
+from .server import CONTEXT, SglangServer
 
 BODY_LIMIT_MB = 4  # SGLANG_MAX_REQUEST_BODY_MB for the survey's servers (patch 0007; default 16)
 BODY_TIMEOUT_S = 5  # SGLANG_REQUEST_BODY_TIMEOUT for them (default 30)
@@ -23,6 +23,10 @@ BOUND = 120.0  # seconds any one probe may take before it counts as never answer
 # 1; and a prompt between the scheduler's input limit and the context, whose 8 tokens page rounding would eat.
 MTP_TRUNCATION = {"over-8": (275, 8), "over-1": (275, 1), "near-8": (252, 8)}
 LONG_DECODE = (24, 200)  # prompt ids, tokens: a request that decodes for many seconds on this CPU
+# max_tokens far past the context is legal: the server clamps it to what the context leaves and decodes that
+# much (a 1-token prompt: ~250 tokens, a minute or two under MTP here). This prompt leaves CONTEXT - 180 = 76
+# and stays below patch 0001's page-aligned input limit at page 64 (192), so it is not cut (issue 37 item 5).
+HUGE_MAX_TOKENS_PROMPT = 180
 
 
 def token_ids(n: int, seed: int = 0) -> list[int]:
@@ -206,9 +210,24 @@ def _half_request(server: SglangServer, wait: float = 30.0) -> dict:
         s.close()
 
 
-def malformed_cases(server: SglangServer, vocab: int) -> dict:
+def seconds_per_token(server: SglangServer, tokens: int = 8) -> float:
+    """This server's decode time per token, measured now (prefill included: an over-estimate, as a bound wants)."""
+    t0 = time.monotonic()
+    r = completion(server, token_ids(8, 3), tokens, ignore_eos=True)
+    if r["status"] != 200:
+        raise AssertionError(f"the decode-rate probe was not served: {r}")
+    return (time.monotonic() - t0) / tokens
+
+
+def huge_max_tokens_timeout(s_per_token: float) -> float:
+    """The wait for ``max_tokens-huge``: three times what its clamped decode takes at the measured rate."""
+    return max(60.0, 3 * (CONTEXT - HUGE_MAX_TOKENS_PROMPT) * s_per_token + 30)
+
+
+def malformed_cases(server: SglangServer, vocab: int, s_per_token: float = 1.0) -> dict:
     """Name -> a thunk sending one malformed request (issue 30 item 5). Token ids out of the vocabulary come
-    last in :func:`malformed` (pristine, one of them ends the server)."""
+    last in :func:`malformed` (pristine, one of them ends the server). ``s_per_token``: the server's measured
+    decode rate, which bounds the one request that legally decodes to the end of the context."""
     m = str(server.model)
     ok = {"model": m, "prompt": "hello", "max_tokens": 2, "temperature": 0.0}
 
@@ -218,7 +237,9 @@ def malformed_cases(server: SglangServer, vocab: int) -> dict:
     return {
         "n-oversized": comp(n=100000),
         "max_tokens-negative": comp(max_tokens=-5),
-        "max_tokens-huge": comp(max_tokens=10**12),
+        "max_tokens-huge": lambda: server.post("/v1/completions", {
+            **ok, "prompt": token_ids(HUGE_MAX_TOKENS_PROMPT, 4), "max_tokens": 10**12},
+            timeout=huge_max_tokens_timeout(s_per_token)),
         "max_tokens-string": comp(max_tokens="many"),
         "stop-not-string": comp(stop=[1, 2]),
         "stop-huge-list": comp(stop=["x"] * 10000),
@@ -262,8 +283,9 @@ def malformed(server: SglangServer, vocab: int, *, stop_at_death: bool = True, s
     """Each malformed request: its status, a bounded excerpt of the body, whether the body leaks traceback
     fragments or file paths, and whether the server still serves afterwards. Stops at the first request after
     which the server no longer serves (recorded as ``killed_by``); a half-sent request is tried first."""
-    out = {"cases": {}, "killed_by": None, "half_request": _half_request(server, wait=BODY_TIMEOUT_S + 10)}
-    for name, send in malformed_cases(server, vocab).items():
+    out = {"cases": {}, "killed_by": None, "half_request": _half_request(server, wait=BODY_TIMEOUT_S + 10),
+           "s_per_token": seconds_per_token(server)}
+    for name, send in malformed_cases(server, vocab, out["s_per_token"]).items():
         if name in skip:
             continue
         t0 = time.monotonic()

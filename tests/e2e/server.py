@@ -103,6 +103,15 @@ class ServerFailed(RuntimeError):
     """The server exited or never became healthy; the message carries the end of its log."""
 
 
+def request_failed(scenario: str, server, exc: Exception) -> str:
+    """What a scenario whose request failed says: whether the server died under it (then a behaviour the scenario
+    relies on, a patch or the plugin, is missing: its log's end says which), never a bare connection error."""
+    died = server.proc is not None and server.proc.poll() is not None
+    what = (f"the server died while serving this scenario's requests (exit {server.proc.returncode}): a behaviour "
+            "it relies on (a patch, the plugin) is missing or broken" if died else "a request failed; the server lives")
+    return f"scenario {scenario}: {what} ({type(exc).__name__}: {exc}). Its log ends:\n{server.tail()}"
+
+
 @dataclass(eq=False)
 class SglangServer:
     python: str

@@ -32,10 +32,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ..e2e.probes import token_ids
-from ..e2e.server import ServerFailed, stop_all
+from ..e2e.server import ServerFailed, request_failed, stop_all
 from ..engine import EngineVenv, engine_venv
 from .models import make_qwen4_exp_vllm
 from .server import VllmServer
@@ -145,6 +146,8 @@ class Stage:
             sc.pids.update(server.group_pids())
         except ServerFailed as exc:
             pytest.fail(f"scenario {name}: {exc}")
+        except httpx.HTTPError as exc:
+            pytest.fail(request_failed(name, server, exc))
         finally:
             self._record(sc, server, t0)
         return sc

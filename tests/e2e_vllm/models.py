@@ -57,36 +57,19 @@ def add_mtp_weights(model: Path, *, repeat_draft: bool = True) -> Path:
     to one more shard, :data:`MTP_FILE`, and named in the index when the checkpoint has one. The draft layer is
     decoder layer ``num_hidden_layers`` (4), not a PLE layer, so no PLE tensor is written.
 
-    ``repeat_draft``: a random draft's proposals are all rejected (measured: 0 of 10 accepted), which leaves the
-    rollback to an accepted draft token untried. So the draft is made to propose the token the target has just
-    emitted: its layer adds nothing (``o_proj``, every ``down_proj`` and ``fc_embedding`` zero, so the
-    hyper-connection streams pass through unchanged), ``fc_hidden`` is the identity, and its final mixer is the
-    target's own (copied). It then maps the target's multi-stream state at position p (scaled by the
-    ``pre_fc_norm_hidden`` RMSNorm, which the mixer's per-branch norm undoes) to the target's sampled stream at
-    p, whose argmax is the token just emitted; it is accepted wherever the target repeats a token."""
+    ``repeat_draft``: the draft proposes the token the target has just emitted, so some drafts are accepted
+    (``write_mtp_draft`` says how; measured here with a random draft: 0 of 10 accepted, the rollback to an
+    accepted draft token untried)."""
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
 
     from ..e2e.models import MTP_DIR, write_mtp_draft
 
-    draft = write_mtp_draft(model)
+    draft = write_mtp_draft(model, repeat_draft=repeat_draft)
     tensors = load_file(str(draft / "model.safetensors"))
     shutil.rmtree(draft)  # the sglang layout's own directory: vLLM reads the shards of the model directory
     assert not (model / MTP_DIR).exists()
-    if repeat_draft:
-        target = {}
-        for f in sorted(model.glob("*.safetensors")):
-            target.update(load_file(str(f)))
-        mixer = "model.language_model.hyper_connection_mixer."
-        for name in tensors:
-            if name.startswith("mtp.hyper_connection_mixer."):
-                tensors[name] = target[mixer + name[len("mtp.hyper_connection_mixer."):]].clone()
-            elif name == "mtp.fc_hidden.weight":
-                tensors[name] = torch.eye(tensors[name].shape[0], dtype=tensors[name].dtype)
-            elif name == "mtp.fc_embedding.weight" or name.endswith((".o_proj.weight", ".down_proj.weight")):
-                tensors[name] = torch.zeros_like(tensors[name])
     save_file(tensors, str(model / MTP_FILE), metadata={"format": "pt"})
     index = model / "model.safetensors.index.json"
     if index.exists():

@@ -102,6 +102,30 @@ def test_reporting_commands_write_nothing(small, data, tmp_path, command, state)
     assert tree_state(art, data) == before, f"{command} wrote"
 
 
+def test_sglangs_doctor_reads_what_its_plugin_records(small, data, monkeypatch):
+    """The SGLang side in one process: the doctor's SHA-256 check hashes and writes nothing; the plugin's load of
+    the sidecar it serves records; the doctor of a next process then answers from that record."""
+    from sglang_ssd_stream.checks.sidecar import forget
+    from sglang_ssd_stream.sglang import config
+    from sglang_ssd_stream.sglang.doctor import check_sidecar
+
+    _, art = small
+    (art / CACHE_NAME).unlink()
+    monkeypatch.setenv("SGLANG_SSD_STREAM_SIDECAR", str(art))
+    env = {"SGLANG_SSD_STREAM_SIDECAR": str(art)}
+    forget()
+    before = tree_state(art, data)
+    [_, sha] = check_sidecar(None, env, verify_sha=True)
+    assert sha.level == "ok" and "no verified cache" in sha.message
+    assert tree_state(art, data) == before
+    assert [t.status for t in config.load(art).verify.tables] == ["verified"]  # the serving load
+    assert (art / CACHE_NAME).is_file()
+    forget()
+    [_, sha] = check_sidecar(None, env, verify_sha=True)
+    assert f"1 from the verified cache {art / CACHE_NAME}" in sha.message
+    forget()
+
+
 # ------------------------------------------------------------------------------------------ planted entries
 
 

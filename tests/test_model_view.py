@@ -23,6 +23,7 @@ from sglang_ssd_stream.operate.model_view import (
 )
 from sglang_ssd_stream.sidecar import load_manifest, verify_sidecar
 from sglang_ssd_stream.sidecar.errors import SidecarPathEscape
+from sglang_ssd_stream.sidecar.verify import SERVE
 
 REPO = Path(__file__).resolve().parents[1]
 PLE = "model.language_model.layers.{l}.ple.ple_embedding.ngram_embedding"
@@ -141,7 +142,7 @@ def test_view_sidecar_loads_only_through_its_prepared_snapshot(snaps, tmp_path):
     with pytest.raises(SidecarPathEscape):  # the table resolves into the prepared snapshot's blobs/
         load_manifest(view)
     m = load_sidecar(view)  # the one loader: the marker's snapshot, table for table
-    verify_sidecar(m, progress=False)
+    verify_sidecar(m, caller=SERVE, progress=False)  # what a serving start records
     assert (view / ".ssd-stream-verified.json").is_file()
     check_view(view)  # the verify cache is not a foreign file, not a dangling link
     build_view(dense, prepared, view)  # and a rebuild keeps it

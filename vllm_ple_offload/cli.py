@@ -77,10 +77,10 @@ def build_parser():
         description=f"The vLLM PLE plugin's checks on the configuration it would see: the {env.PREFIX}* variables "
                     f"(parsed by the plugin's own parser; --backend and --sidecar set them first, with "
                     f"{env.CPU_OFFLOAD}=1 when it is unset), {env.PLUGINS_ENV}, vLLM's source state, UVA, "
-                    f"locked-memory limit, ptrace/expandable segments, the sidecar (sizes, SHA-256 with its "
-                    f"verified cache, disk), the fetch round, the row cache budget ({env.ROW_CACHE_MB}: memlock and "
-                    f"MemAvailable, per worker process) and with `-- <vllm serve flags>` the CUDA-graph mode and the "
-                    f"number of worker processes. "
+                    f"locked-memory limit, ptrace/expandable segments, the sidecar (sizes, SHA-256 reading its "
+                    f"verified cache, never writing it; disk), the fetch round, the row cache budget "
+                    f"({env.ROW_CACHE_MB}: memlock and MemAvailable, per worker process) and with "
+                    f"`-- <vllm serve flags>` the CUDA-graph mode and the number of worker processes. "
                     f"Exit 0: nothing refused (warnings allowed); 2: a check refused; 4: no vLLM in this runtime; "
                     f"64: bad command line.")
     doctor.add_argument("--backend", choices=env.BACKENDS, help=f"set {env.BACKEND} for the check")

@@ -19,8 +19,8 @@ kit's (:mod:`sglang_ssd_stream.findings`).
 - Sidecar: a manifest that does not load, or a table of the wrong size, is a refusal (a finding,
   like every other, so the doctor's exit code stays the kit's rule). The tables' SHA-256 is checked
   once per process by the plugin before the embedding is built (:func:`verify_sidecar_once`, the
-  shared verifier and its verified cache), and by ``doctor``; ``VLLM_PLE_NO_VERIFY=1`` skips it and
-  is reported as a warning.
+  shared verifier and its verified cache, which the plugin records), and by ``doctor``, which reads that
+  cache and writes nothing; ``VLLM_PLE_NO_VERIFY=1`` skips it and is reported as a warning.
 - Fetch round: ``VLLM_PLE_FETCH_WORKERS x VLLM_PLE_ROWS_PER_TASK x`` row bytes sizes the ``pread``
   buffer of every table; above :data:`~.env.MAX_FETCH_ROUND_BYTES` it is refused naming the knob.
 - Row cache (streamed backends, ``VLLM_PLE_ROW_CACHE_MB``, per worker process): on CUDA its rows

@@ -57,25 +57,29 @@ def full_graph_refusal(settings: env.PleSettings, mode) -> str | None:
 # ----------------------------------------------------------------------------- sidecar SHA-256
 
 
-def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True) -> Finding:
+def verify_sidecar_once(settings: env.PleSettings, *, progress: bool = True, caller: str = "report") -> Finding:
     """The sidecar tables' SHA-256, checked once per process by the floor both engines share
     (:func:`sglang_ssd_stream.checks.sidecar.sha_finding`; a later start that finds every table unchanged
-    since a success re-reads nothing). ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). The plugin calls this
-    where the model is built, before the streamed embedding is swapped in, and refuses on an error finding."""
+    since a success re-reads nothing). ``VLLM_PLE_NO_VERIFY=1`` skips it (a warning). ``caller``: the verified
+    cache's rule (:func:`sglang_ssd_stream.sidecar.verify.may_record`): the doctor reports and writes nothing;
+    the plugin (:func:`require_verified_sidecar`) serves and records."""
     from sglang_ssd_stream.checks.sidecar import sha_finding
     from sglang_ssd_stream.sidecar.view import extra_trusted_roots
 
     return sha_finding(settings.sidecar, knob=env.NO_VERIFY, no_verify=settings.no_verify, progress=progress,
-                       extra_roots=extra_trusted_roots(settings.trusted_roots))
+                       extra_roots=extra_trusted_roots(settings.trusted_roots), caller=caller)
 
 
 def require_verified_sidecar(settings: env.PleSettings) -> None:
-    """:func:`verify_sidecar_once`, raising :class:`PreflightFailed` on a mismatch (the plugin's use)."""
+    """:func:`verify_sidecar_once` as the serving load, raising :class:`PreflightFailed` on a mismatch (the
+    plugin's use, where the model is built, before the streamed embedding is swapped in)."""
     import logging
+
+    from sglang_ssd_stream.sidecar.verify import SERVE
 
     from . import LOGGER_NAME
 
-    found = verify_sidecar_once(settings)
+    found = verify_sidecar_once(settings, caller=SERVE)
     if found.level == WARNING:
         logging.getLogger(LOGGER_NAME).warning("vllm-ple-offload: %s", found.line())
     raise_on_errors([found])

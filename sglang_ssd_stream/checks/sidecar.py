@@ -3,9 +3,12 @@
 Loaded by the one loader and trust rule (:func:`sglang_ssd_stream.sidecar.view.load_sidecar`: sizes checked,
 links resolve only where the artifact and the operator allow), its tables' SHA-256 checked once per process
 (:func:`sglang_ssd_stream.sidecar.verify.verify_sidecar` and its verified cache: a start that finds every table
-unchanged since a success re-reads nothing). Both plugins load through :func:`load_verified`; both doctors report
-through :func:`load_finding` and :func:`sha_finding`. The caller passes its engine's opt-out knob name for the
-messages; this module reads no variable.
+unchanged since a success re-reads nothing). Both plugins load through :func:`load_verified` as
+:data:`~sglang_ssd_stream.sidecar.verify.SERVE`, which records successes in that cache; both doctors report through
+:func:`load_finding` and :func:`sha_finding` as the default
+:data:`~sglang_ssd_stream.sidecar.verify.REPORT`, which reads it and writes nothing
+(:func:`~sglang_ssd_stream.sidecar.verify.may_record` decides). The caller passes its engine's opt-out knob name for
+the messages; this module reads no variable.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 
 from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding
+
+REPORT = "report"  # sidecar.verify.REPORT, without importing the sidecar package here (numpy) before it is used
 
 SIDECAR_FIX = ("rebuild or re-download the sidecar (sglang-ssd-stream model fetch verifies every file; "
                "sglang-ssd-stream sidecar verify <dir> re-checks one)")
@@ -33,23 +38,28 @@ _verified: dict[tuple, Verified] = {}
 _sha_findings: dict[tuple, Finding] = {}
 
 
-def _key(path: str | os.PathLike, extra_roots: Iterable[str], no_verify: bool) -> tuple:
-    return os.path.realpath(path), tuple(str(r) for r in extra_roots), bool(no_verify)
+def _key(path: str | os.PathLike, extra_roots: Iterable[str], no_verify: bool, caller: str) -> tuple:
+    from ..sidecar.verify import may_record
+
+    # a report's result does not stand in for a serving load's, which must record it
+    return os.path.realpath(path), tuple(str(r) for r in extra_roots), bool(no_verify), may_record(caller)
 
 
 def load_verified(path: str | os.PathLike, *, extra_roots: Iterable[str] = (), no_verify: bool = False,
-                  progress: bool = True) -> Verified:
+                  progress: bool = True, caller: str = REPORT) -> Verified:
     """The sidecar at ``path`` (``ssd-stream.json`` or its directory), loaded and SHA-256-verified once per
-    process (``no_verify``: the hashing skipped, the report says so). Raises KitError on any refusal."""
+    process (``no_verify``: the hashing skipped, the report says so); ``caller``: who asks, for the verified
+    cache's rule (a plugin passes ``SERVE``). Raises KitError on any refusal."""
     from ..sidecar.verify import verify_sidecar
     from ..sidecar.view import load_sidecar
 
     extra_roots = tuple(extra_roots)
-    key = _key(path, extra_roots, no_verify)
+    key = _key(path, extra_roots, no_verify, caller)
     with _lock:
         if key not in _verified:
             manifest = load_sidecar(path, extra_roots=extra_roots)
-            _verified[key] = Verified(manifest, verify_sidecar(manifest, no_verify=no_verify, progress=progress))
+            report = verify_sidecar(manifest, caller=caller, no_verify=no_verify, progress=progress)
+            _verified[key] = Verified(manifest, report)
         return _verified[key]
 
 
@@ -65,25 +75,25 @@ def load_finding(path: str | os.PathLike, *, extra_roots: Iterable[str] = ()) ->
 
 
 def sha_finding(path: str | os.PathLike, *, knob: str, no_verify: bool = False, extra_roots: Iterable[str] = (),
-                progress: bool = True) -> Finding:
+                progress: bool = True, caller: str = REPORT) -> Finding:
     """The tables' SHA-256 against the manifest, once per process (the result is kept, a failure too);
-    ``knob`` is the engine's opt-out variable, named in the messages."""
+    ``knob`` is the engine's opt-out variable, named in the messages; ``caller`` as for :func:`load_verified`."""
     if no_verify:
         return Finding(WARNING, "sidecar_sha", f"{knob}=1: the tables' SHA-256 is not checked, so a corrupted row "
                        "would be served",
                        f"unset {knob} (the check runs once; its result is cached until a table changes)")
-    key = (*_key(path, extra_roots, no_verify), knob)
+    key = (*_key(path, extra_roots, no_verify, caller), knob)
     with _lock:
         if key in _sha_findings:
             return _sha_findings[key]
     try:
-        report = load_verified(path, extra_roots=extra_roots, progress=progress).report
+        report = load_verified(path, extra_roots=extra_roots, progress=progress, caller=caller).report
     except KitError as exc:
         found = Finding(ERROR, "sidecar_sha", exc.message, f"{SIDECAR_FIX}; never serve it with {knob}=1")
     else:
         cached = sum(t.status == "cached" for t in report.tables)
-        found = Finding(OK, "sidecar_sha", f"{len(report.tables)} table(s) match the manifest's SHA-256 "
-                        f"({cached} from the verified cache {report.cache_file})")
+        source = f"{cached} from the verified cache {report.cache_file}" if report.cache_file else "no verified cache"
+        found = Finding(OK, "sidecar_sha", f"{len(report.tables)} table(s) match the manifest's SHA-256 ({source})")
     with _lock:
         return _sha_findings.setdefault(key, found)
 

@@ -61,7 +61,7 @@ def check_snapshot(snapshot: str | os.PathLike, *, progress: bool = True, requir
     """Index completeness and sidecar SHA-256; raises ModelUpdateError naming what is wrong."""
     from ..errors import KitError
     from ..sidecar.format import load_manifest
-    from ..sidecar.verify import verify_sidecar
+    from ..sidecar.verify import BUILD, verify_sidecar
 
     root = Path(snapshot)
     missing = [name for name in required if not (root / name).is_file()]
@@ -84,7 +84,8 @@ def check_snapshot(snapshot: str | os.PathLike, *, progress: bool = True, requir
         shards += len(names)
     try:
         manifest = load_manifest(root)
-        report = verify_sidecar(manifest, use_cache=False, progress=progress, raise_on_mismatch=True)
+        # the snapshot this command wrote: its writer records the verification, as `sidecar build` does
+        report = verify_sidecar(manifest, caller=BUILD, use_cache=False, progress=progress, raise_on_mismatch=True)
     except KitError as exc:
         raise ModelUpdateError(f"PLE sidecar of {root} failed verification: {exc.message}") from None
     return {"shards": shards, "tables": len(report.tables)}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..checks.sidecar import load_verified
 from ..sidecar.format import MANIFEST_NAME, SidecarManifest, WeightScale, find_weight_scales
-from ..sidecar.verify import VerifyReport
+from ..sidecar.verify import SERVE, VerifyReport
 from ..sidecar.view import extra_trusted_roots
 from . import settings
 
@@ -68,7 +68,8 @@ def manifest_path(model_path: str | None) -> Path | None:
 def load(path: Path) -> Sidecar:
     """Load, check and verify the sidecar at ``path`` (once per process: the floor's cache, checks/sidecar.py)."""
     s = settings.current()
-    verified = load_verified(path, extra_roots=extra_trusted_roots(s.trusted_roots), no_verify=s.no_verify)
+    verified = load_verified(path, extra_roots=extra_trusted_roots(s.trusted_roots), no_verify=s.no_verify,
+                             caller=SERVE)  # the serving load: records a success in the verified cache
     manifest, report = verified.manifest, verified.report
     first = manifest.root not in _scales
     sidecar = Sidecar(manifest, _weight_scales(manifest.root), report)

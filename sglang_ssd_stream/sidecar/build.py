@@ -45,7 +45,7 @@ from .format import (
     SidecarManifest,
     load_manifest,
 )
-from .verify import CACHE_NAME, VerifyReport, verify_sidecar
+from .verify import BUILD, CACHE_NAME, VerifyReport, verify_sidecar
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def build_sidecar(
     report = None
     if verify:
         # The builder hashed what it wrote; this re-reads it from disk and records the result.
-        report = verify_sidecar(manifest, use_cache=False, cache_dir=cache_dir, progress=progress)
+        report = verify_sidecar(manifest, caller=BUILD, use_cache=False, cache_dir=cache_dir, progress=progress)
     return BuildResult(manifest, scale_file, scales, report, time.monotonic() - t0)
 
 

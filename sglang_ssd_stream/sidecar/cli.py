@@ -51,7 +51,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from .format import check_model_shape
-    from .verify import verify_sidecar
+    from .verify import REPORT, verify_sidecar
     from .view import load_sidecar
 
     manifest = load_sidecar(args.artifact, extra_roots=args.trusted_root or ())
@@ -60,6 +60,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             check_model_shape(t, dtype=args.dtype or t.dtype, columns=args.columns or t.columns, rows=args.rows)
     report = verify_sidecar(
         manifest,
+        caller=REPORT,  # a report: reads the verified cache (with --use-cache), writes nothing
         use_cache=args.use_cache,
         cache_dir=args.cache_dir,
         progress=not args.quiet,
@@ -197,8 +198,9 @@ def add_sidecar_commands(subparsers: argparse._SubParsersAction, engine: str = "
     v = subparsers.add_parser(
         "verify",
         help="check a sidecar's manifest, sizes and SHA-256",
-        description="Validate ssd-stream.json and re-hash every table (ignoring the verification cache "
-        "unless --use-cache); records successes in the cache.",
+        description="Validate ssd-stream.json and re-hash every table (ignoring the verified cache unless "
+        "--use-cache). Writes nothing: the verified cache is recorded only by a serving engine's start and by "
+        "the commands that write a sidecar (docs/sidecar.md).",
     )
     v.add_argument("artifact", help="artifact directory or its ssd-stream.json")
     v.add_argument("--use-cache", action="store_true",
@@ -210,7 +212,7 @@ def add_sidecar_commands(subparsers: argparse._SubParsersAction, engine: str = "
     v.add_argument("--rows", type=int, help="expected rows per table")
     v.add_argument("--trusted-root", action="append", metavar="DIR",
                    help="another directory table files may resolve into (repeatable)")
-    v.add_argument("--cache-dir", help="fallback directory for the verification cache")
+    v.add_argument("--cache-dir", help="the verified cache's fallback directory, read with --use-cache")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     v.set_defaults(func=cmd_verify)

@@ -23,6 +23,7 @@ Imports only the standard library (no numpy, torch or engine).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -110,6 +111,7 @@ class SidecarManifest:
     path: Path
     root: Path
     tables: tuple[SidecarTable, ...]
+    sha256: str = ""  # of the manifest's bytes as they were read (the verified cache is bound to it)
 
     def table(self, layer: int) -> SidecarTable:
         """The table of decoder layer ``layer``."""
@@ -335,7 +337,7 @@ def load_manifest(
         files.add(file)
         out.append(SidecarTable(layer, entry["path"], file, sha, dtype, rows, columns, row_start, nbytes))
 
-    manifest = SidecarManifest(p, root, tuple(out))
+    manifest = SidecarManifest(p, root, tuple(out), hashlib.sha256(raw).hexdigest())
     if check_files:
         for t in manifest.tables:
             _check_table_file(p, t)

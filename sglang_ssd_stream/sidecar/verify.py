@@ -2,14 +2,22 @@
 
 A table is hashed in a streaming pass (fixed 8 MiB buffer, progress bar on stderr). A success is
 recorded in a small JSON cache keyed by ``(device, inode, size, mtime_ns, ctime_ns)`` of the table
-file, so later starts skip the 47 GiB pass until the file changes. ``ctime`` is the part a user cannot
-set back (``os.utime`` restores mtime, not ctime; any write, chmod or link updates it), so an in-place
-edit with its mtime restored is re-hashed. What no stat key sees: a change made below the file system
-(raw block device, debugfs, media corruption), a root who moves the clock back, and file systems that
-do not keep ctime; ``sidecar verify`` (no cache) re-hashes everything. The cache sits next to the manifest
-(``.ssd-stream-verified.json``); when the artifact directory is read-only it falls back to
-``$SGLANG_SSD_STREAM_HOME/sidecar-verify/`` (default ``~/.cache/sglang-ssd-stream``). Failures are
-never cached. Skipping verification needs an explicit ``no_verify=True``.
+file and bound to the manifest's SHA-256, so later starts skip the 47 GiB pass until the file changes.
+``ctime`` is the part a user cannot set back (``os.utime`` restores mtime, not ctime; any write, chmod or
+link updates it), so an in-place edit with its mtime restored is re-hashed. What no stat key sees: a
+change made below the file system (raw block device, debugfs, media corruption), a root who moves the
+clock back, and file systems that do not keep ctime; ``sidecar verify`` (no cache) re-hashes everything.
+
+The rule (docs/sidecar.md, "The verified cache"), for both engines alike:
+
+- where: next to the manifest (``.ssd-stream-verified.json``); where that cannot be written, under
+  ``$SGLANG_SSD_STREAM_HOME/sidecar-verify/`` (default ``~/.cache/sglang-ssd-stream``);
+- who writes it: only the callers :func:`may_record` names (an engine loading the sidecar it will
+  serve, and the commands that write a sidecar); every reporting command reads it and writes nothing,
+  no cache, no lock, no temporary file;
+- what is trusted: entries of a file that only the serving user or root could have written
+  (:func:`distrust`), for this very manifest; anything else is a miss and the table is hashed. Failures
+  are never cached. Skipping verification needs an explicit ``no_verify=True``.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -33,8 +42,24 @@ from .reader import open_table
 log = logging.getLogger(__name__)
 
 CACHE_NAME = ".ssd-stream-verified.json"
-CACHE_VERSION = 2  # 2: the key gained device and ctime_ns; older entries are re-hashed
+CACHE_VERSION = 3  # 3: bound to the manifest's SHA-256; 2: the key gained device and ctime_ns. Older: re-hashed
 HASH_CHUNK = 8 << 20
+
+# Who calls the verifier, as the one rule on writing the verified cache sees it (:func:`may_record`).
+SERVE = "serve"  # an engine loading the sidecar it is about to serve (both plugins)
+BUILD = "build"  # a command that writes the sidecar itself (``sidecar build``, ``update-model``)
+REPORT = "report"  # every reporting command: both doctors, ``sidecar verify``, preflights
+_RECORDS = {SERVE: True, BUILD: True, REPORT: False}
+
+
+def may_record(caller: str) -> bool:
+    """Whether ``caller`` may write the verified cache (and take its lock file): the one place this is decided.
+    A report writes nothing: what it hashed is said, not kept, so the cache holds only what a serving start or
+    the sidecar's own writer checked."""
+    try:
+        return _RECORDS[caller]
+    except KeyError:
+        raise ValueError(f"unknown verified-cache caller {caller!r}; one of {sorted(_RECORDS)}") from None
 
 
 @dataclass(frozen=True)
@@ -83,20 +108,57 @@ def file_key(st: os.stat_result) -> dict:
     return dict(zip(FILE_KEY_FIELDS, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), strict=True))
 
 
-def _read_cache(path: Path) -> dict:
+def distrust(st: os.stat_result) -> str | None:
+    """Why a cache file's entries are not to be believed, or None. An entry lets a table skip its SHA-256, so
+    only a file that nobody but the serving user and root could have written counts: a regular file owned by
+    this process's user or root, writable by its owner alone. Its directory may be shared: another writer
+    there can remove or replace the file, and a replacement is theirs, so it is refused here."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"owned by uid {st.st_uid}, neither this user (uid {os.geteuid()}) nor root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _read_trusted(path: Path) -> bytes | None:
+    """The cache file's bytes when :func:`distrust` finds nothing against it (judged on the open file, never
+    through a link), else None."""
     try:
-        doc = json.loads(path.read_text())
-        if isinstance(doc, dict) and doc.get("version") == CACHE_VERSION and isinstance(doc.get("tables"), dict):
-            return doc["tables"]
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # a symlink (ELOOP), unreadable
+        log.warning("PLE sidecar verified cache %s ignored: cannot open it without following a link (%s)", path,
+                    exc.strerror or exc)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        why = distrust(os.fstat(fd))
+        if why:
+            log.warning("PLE sidecar verified cache %s ignored: %s; its tables are hashed", path, why)
+            return None
+        return f.read()
+
+
+def _read_cache(path: Path, manifest: SidecarManifest) -> dict:
+    """The entries of a trusted cache file written for this manifest's bytes; {} otherwise (only a cache miss)."""
+    try:
+        raw = _read_trusted(path)
+        doc = json.loads(raw) if raw is not None else None
     except (OSError, ValueError):
-        pass
-    return {}  # a missing or damaged cache is only a cache miss
+        return {}
+    if (isinstance(doc, dict) and doc.get("version") == CACHE_VERSION and isinstance(doc.get("tables"), dict)
+            and doc.get("manifest_sha256") == manifest.sha256):
+        return doc["tables"]
+    return {}
 
 
-def _write_cache(path: Path, entries: dict) -> None:
-    """Atomically write the cache; raises OSError when the location is not writable."""
-    write_atomic(path, json.dumps({"version": CACHE_VERSION, "tables": entries}, indent=1, sort_keys=True),
-                 durable=False)  # a lost cache is a cache miss
+def _write_cache(path: Path, entries: dict, manifest_sha256: str) -> None:
+    """Atomically write the cache (a new file: 0600, this user's); raises OSError when the location is not
+    writable."""
+    doc = {"version": CACHE_VERSION, "manifest_sha256": manifest_sha256, "tables": entries}
+    write_atomic(path, json.dumps(doc, indent=1, sort_keys=True), durable=False)  # a lost cache is a cache miss
 
 
 def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, progress: bool = True,
@@ -136,6 +198,7 @@ def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, p
 def verify_sidecar(
     manifest: SidecarManifest | str | os.PathLike,
     *,
+    caller: str = REPORT,
     no_verify: bool = False,
     use_cache: bool = True,
     cache_dir: str | os.PathLike | None = None,
@@ -147,9 +210,11 @@ def verify_sidecar(
 
     Args:
         manifest: a loaded manifest, or the path of ``ssd-stream.json`` / its directory.
+        caller: :data:`SERVE`, :data:`BUILD` or :data:`REPORT` (the default): whether successes are recorded in
+            the verified cache is :func:`may_record`'s decision; a report writes nothing anywhere.
         no_verify: skip hashing entirely (explicit opt-out; logged as a warning).
-        use_cache: accept a cached success whose (device, inode, size, mtime_ns, ctime_ns) still match; ``False``
-            forces a full re-check (``sidecar verify`` does this) and refreshes the cache.
+        use_cache: accept a trusted cached success whose (device, inode, size, mtime_ns, ctime_ns) still match;
+            ``False`` forces a full re-check (``sidecar verify`` does this).
         cache_dir: fallback cache directory when the artifact directory is not writable.
         progress: show a tqdm progress bar on stderr.
         layers: only these layers (default: all).
@@ -157,8 +222,9 @@ def verify_sidecar(
             with ``False`` the report carries ``status="mismatch"`` instead.
 
     Returns:
-        A :class:`VerifyReport`.
+        A :class:`VerifyReport`; its ``cache_file`` is the cache written, or (a report) the one read, or None.
     """
+    record = may_record(caller)
     if not isinstance(manifest, SidecarManifest):
         manifest = load_manifest(manifest)
     wanted = None if layers is None else set(layers)
@@ -170,9 +236,9 @@ def verify_sidecar(
 
     primary = manifest.root / CACHE_NAME
     fallback = _fallback_cache_file(manifest, cache_dir)
-    # One process hashes at a time (TP ranks start together); the others then hit the cache.
-    with _verify_lock(fallback):
-        report, mismatches = _verify_locked(manifest, tables, primary, fallback, use_cache, progress)
+    # One recording process hashes at a time (TP ranks start together); the others then hit the cache.
+    with _verify_lock(fallback) if record else contextlib.nullcontext():
+        report, mismatches = _verify_locked(manifest, tables, primary, fallback, use_cache, progress, record)
     if mismatches and raise_on_mismatch:
         m = mismatches[0]
         more = f" (and {len(mismatches) - 1} more table(s))" if len(mismatches) > 1 else ""
@@ -202,15 +268,9 @@ def _verify_lock(fallback: Path):
         lock.release()
 
 
-def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
-    # Entries are always loaded (so a partial re-check keeps the others) but trusted only with use_cache.
-    cache_file = primary
-    entries = _read_cache(primary)
-    if not entries:
-        entries = _read_cache(fallback)
-        if entries:
-            cache_file = fallback
-
+def _check_tables(tables, entries: dict, use_cache: bool, progress: bool):
+    """Each table against the manifest, a trusted matching entry standing for its hash: (results, mismatches,
+    whether ``entries`` changed). ``entries`` is updated in place with the successes and failures."""
     results: list[TableCheck] = []
     mismatches: list[TableCheck] = []
     dirty = False
@@ -220,8 +280,7 @@ def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
         except OSError as exc:
             raise SidecarIOError(f"cannot stat PLE table {t.file}: {exc.strerror or exc}", path=str(t.file)) from exc
         key = file_key(st)
-        cached = entries.get(t.path)
-        if use_cache and cached == {**key, "sha256": t.sha256}:
+        if use_cache and entries.get(t.path) == {**key, "sha256": t.sha256}:
             results.append(TableCheck(t.layer, t.path, "cached", t.sha256, t.sha256, t.bytes, 0.0))
             continue
         t0 = time.monotonic()
@@ -231,29 +290,45 @@ def _verify_locked(manifest, tables, primary, fallback, use_cache, progress):
             check = TableCheck(t.layer, t.path, "mismatch", t.sha256, actual, t.bytes, dt)
             mismatches.append(check)
             entries.pop(t.path, None)
-            dirty = True
         else:
             # Record the stat taken *before* hashing: a write during the pass changes mtime/ctime and
             # invalidates the entry.
             check = TableCheck(t.layer, t.path, "verified", t.sha256, actual, t.bytes, dt)
             entries[t.path] = {**key, "sha256": t.sha256}
-            dirty = True
+        dirty = True
         results.append(check)
+    return results, mismatches, dirty
 
-    written: str | None = str(cache_file) if entries else None
-    if dirty:
-        written = None
-        for target in (primary, fallback) if cache_file == primary else (fallback,):
-            try:
-                _write_cache(target, entries)
-                written = str(target)
-                break
-            except OSError as exc:
-                log.info("PLE sidecar verify cache %s not writable (%s); trying the next location", target, exc)
-        if written is None:
-            log.warning("PLE sidecar %s: could not record verification in %s or %s", manifest.path, primary, fallback)
 
+def _verify_locked(manifest, tables, primary, fallback, use_cache, progress, record):
+    # Entries are always loaded (so a partial re-check keeps the others) but trusted only with use_cache.
+    cache_file = primary
+    entries = _read_cache(primary, manifest)
+    if not entries:
+        entries = _read_cache(fallback, manifest)
+        if entries:
+            cache_file = fallback
+    read_from = str(cache_file) if entries else None
+
+    results, mismatches, dirty = _check_tables(tables, entries, use_cache, progress)
+    written = read_from
+    if dirty and record:
+        targets = (primary, fallback) if cache_file == primary else (fallback,)
+        written = _record(manifest, entries, targets)
     return VerifyReport(str(manifest.path), written, tuple(results)), mismatches
+
+
+def _record(manifest: SidecarManifest, entries: dict, targets) -> str | None:
+    """Write ``entries`` to the first of ``targets`` that takes them: its path, or None (logged)."""
+    for target in targets:
+        try:
+            _write_cache(target, entries, manifest.sha256)
+            return str(target)
+        except OSError as exc:
+            log.info("PLE sidecar verify cache %s not writable (%s); trying the next location", target, exc)
+    log.warning("PLE sidecar %s: could not record verification in %s", manifest.path,
+                " or ".join(str(t) for t in targets))
+    return None
 
 
 def table_file_key(table: SidecarTable) -> dict:

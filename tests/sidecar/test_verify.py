@@ -17,7 +17,7 @@ from sglang_ssd_stream.sidecar import (
     verify_sidecar,
 )
 from sglang_ssd_stream.sidecar import verify as verify_mod
-from sglang_ssd_stream.sidecar.verify import CACHE_NAME
+from sglang_ssd_stream.sidecar.verify import CACHE_NAME, SERVE
 
 
 @pytest.fixture
@@ -40,10 +40,12 @@ def _clear_cache(art):
 def test_verify_hashes_then_uses_cache(small, count_hashes, tmp_path):
     _, art = small
     _clear_cache(art)
-    r1 = verify_sidecar(art, progress=False, cache_dir=tmp_path / "c")
+    r1 = verify_sidecar(art, caller=SERVE, progress=False, cache_dir=tmp_path / "c")
     assert [c.status for c in r1.tables] == ["verified"] and len(count_hashes) == 1
     assert r1.cache_file == str(art / CACHE_NAME)
-    entry = json.loads((art / CACHE_NAME).read_text())["tables"]["ple/layer-2.bin"]
+    doc = json.loads((art / CACHE_NAME).read_text())
+    assert doc["manifest_sha256"] == hashlib.sha256((art / "ssd-stream.json").read_bytes()).hexdigest()
+    entry = doc["tables"]["ple/layer-2.bin"]
     st = os.stat(art / "ple" / "layer-2.bin")
     assert entry == {"device": st.st_dev, "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                      "ctime_ns": st.st_ctime_ns, "sha256": load_manifest(art).tables[0].sha256}
@@ -56,13 +58,13 @@ def test_verify_hashes_then_uses_cache(small, count_hashes, tmp_path):
 def test_sha_mismatch_is_detected_and_not_cached(small, tmp_path):
     _, art = small
     table = art / "ple" / "layer-2.bin"
-    verify_sidecar(art, progress=False, cache_dir=tmp_path / "c")  # cached success
+    verify_sidecar(art, caller=SERVE, progress=False, cache_dir=tmp_path / "c")  # cached success
     data = bytearray(table.read_bytes())
     data[12345] ^= 0x01
     table.write_bytes(bytes(data))  # same size, new mtime -> cache no longer applies
     expected = load_manifest(art).tables[0].sha256
     with pytest.raises(SidecarChecksumMismatch) as info:
-        verify_sidecar(art, progress=False, cache_dir=tmp_path / "c")
+        verify_sidecar(art, caller=SERVE, progress=False, cache_dir=tmp_path / "c")
     e = info.value
     assert e.actual == hashlib.sha256(bytes(data)).hexdigest() and e.expected == expected
     assert e.actual in str(e) and expected in str(e) and "ple/layer-2.bin" in str(e)
@@ -107,9 +109,9 @@ def test_read_only_artifact_dir_falls_back_to_cache_dir(small, count_hashes, tmp
     _clear_cache(art)
     (art / CACHE_NAME).mkdir()
     fallback = tmp_path / "fallback"
-    r1 = verify_sidecar(art, progress=False, cache_dir=fallback)
+    r1 = verify_sidecar(art, caller=SERVE, progress=False, cache_dir=fallback)
     assert r1.tables[0].status == "verified" and r1.cache_file.startswith(str(fallback))
-    r2 = verify_sidecar(art, progress=False, cache_dir=fallback)
+    r2 = verify_sidecar(art, caller=SERVE, progress=False, cache_dir=fallback)
     assert r2.tables[0].status == "cached" and len(count_hashes) == 1
     assert not [p for p in art.iterdir() if p.name.endswith(".tmp")]  # no temp litter
 
@@ -120,13 +122,13 @@ def test_default_fallback_is_under_home(small, monkeypatch, tmp_path):
     monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "home"))
     real = verify_mod._write_cache
 
-    def refuse_artifact_dir(path, entries):
+    def refuse_artifact_dir(path, *rest):
         if path.parent == art:
             raise PermissionError(13, "Read-only file system", str(path))
-        return real(path, entries)
+        return real(path, *rest)
 
     monkeypatch.setattr(verify_mod, "_write_cache", refuse_artifact_dir)
-    r = verify_sidecar(art, progress=False)
+    r = verify_sidecar(art, caller=SERVE, progress=False)
     assert r.cache_file.startswith(str(tmp_path / "home" / "sidecar-verify"))
     assert verify_sidecar(art, progress=False).tables[0].status == "cached"
 
@@ -134,11 +136,11 @@ def test_default_fallback_is_under_home(small, monkeypatch, tmp_path):
 def test_nowhere_writable_still_verifies(small, monkeypatch, caplog, tmp_path):
     _, art = small
 
-    def refuse(path, entries):
+    def refuse(path, *rest):
         raise PermissionError(13, "Read-only file system", str(path))
 
     monkeypatch.setattr(verify_mod, "_write_cache", refuse)
-    r = verify_sidecar(art, progress=False, use_cache=False, cache_dir=tmp_path / "c")
+    r = verify_sidecar(art, caller=SERVE, progress=False, use_cache=False, cache_dir=tmp_path / "c")
     assert r.ok and r.cache_file is None and "could not record verification" in caplog.text
 
 
@@ -149,7 +151,7 @@ def test_concurrent_verifiers_hash_once(small, count_hashes, tmp_path):
 
     def run():
         try:
-            results.append(verify_sidecar(art, progress=False, cache_dir=tmp_path / "c").tables[0].status)
+            results.append(verify_sidecar(art, caller=SERVE, progress=False, cache_dir=tmp_path / "c").tables[0].status)
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -166,7 +168,7 @@ def test_in_place_edit_with_mtime_restored_is_rehashed(small, count_hashes, tmp_
     _, art = small
     _clear_cache(art)
     table = art / "ple" / "layer-2.bin"
-    assert verify_sidecar(art, progress=False, cache_dir=tmp_path / "c").tables[0].status == "verified"
+    assert verify_sidecar(art, caller=SERVE, progress=False, cache_dir=tmp_path / "c").tables[0].status == "verified"
     st = os.stat(table)
     time.sleep(0.01)  # a ctime tick
     with open(table, "r+b") as f:  # in place: same inode, same size

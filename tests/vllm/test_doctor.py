@@ -141,6 +141,32 @@ def test_no_verify_is_reported_not_hidden(vllm, sidecar):
     assert "[ok] cudagraph_mode: PIECEWISE (from --compilation-config)" in r.stdout
 
 
+@pytest.mark.parametrize("state", ["no cache", "stale cache"])
+def test_reporting_commands_write_nothing(vllm, sidecar, tmp_path, monkeypatch, state):
+    """Issue 38 item 2 (docs/sidecar.md, "The verified cache"): the doctor and `sidecar verify` of the vLLM runtime
+    hash and report; the sidecar's directory and the kit's data directory are as they were: no cache, no lock, no
+    temporary file. "stale cache": what the plugin recorded, then the table changed (a writer would drop it)."""
+    from sglang_ssd_stream.sidecar.verify import SERVE, verify_sidecar
+    from tests.fs_state import tree_state
+
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(data))
+    if state == "stale cache":
+        verify_sidecar(sidecar, caller=SERVE, progress=False)
+        table = sidecar.parent / "ple" / "layer-3.bin"
+        table.write_bytes(table.read_bytes()[::-1])
+    before = tree_state(sidecar.parent, data)
+    r = doctor(vllm, "--backend", "pread", "--sidecar", str(sidecar), "--json", "--", "--enforce-eager",
+               VLLM_PLE_ALLOW_UNPATCHED="1", SGLANG_SSD_STREAM_HOME=str(data))
+    assert finding(json.loads(r.stdout), "sidecar_sha")["level"] == ("ok" if state == "no cache" else "error")
+    assert tree_state(sidecar.parent, data) == before, "doctor wrote"
+    r = subprocess.run([vllm.python, "-m", "sglang_ssd_stream", "sidecar", "verify", str(sidecar.parent), "-q"],
+                       capture_output=True, text=True, env=vllm.env({"SGLANG_SSD_STREAM_HOME": str(data)}), timeout=600)
+    assert r.returncode == (0 if state == "no cache" else 3), (r.stdout, r.stderr[-2000:])
+    assert tree_state(sidecar.parent, data) == before, "sidecar verify wrote"
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_missing_or_truncated_sidecar_is_a_finding(vllm, sidecar, damage):
     if damage == "missing":

@@ -238,19 +238,25 @@ def test_no_verify_is_reported(tmp_path):
 
 
 def test_verify_once_per_process_and_refuses_a_flipped_byte(tmp_path, monkeypatch):
-    """The shared verifier with its verified cache; one byte flipped mid-table is an error finding."""
+    """The shared verifier with its verified cache; one byte flipped mid-table is an error finding. The doctor's
+    check reads the cache and writes nothing; the plugin's (require_verified_sidecar) records it (issue 38 item 2)."""
     import numpy as np
 
     from sglang_ssd_stream.sidecar import verify
     from tests.vllm.synthetic import random_table, write_sidecar
 
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "data"))
     man = write_sidecar(tmp_path / "art", {3: ("bfloat16", random_table(512, 32, 1))})
     calls = []
     real = verify.verify_sidecar
     monkeypatch.setattr(verify, "verify_sidecar", lambda *a, **k: calls.append(1) or real(*a, **k))
     ok = preflight.verify_sidecar_once(streaming(man), progress=False)
-    assert ok.level == OK and "1 table(s) match" in ok.message and "0 from the verified cache" in ok.message
+    assert ok.level == OK and "1 table(s) match" in ok.message and "no verified cache" in ok.message
     assert preflight.verify_sidecar_once(streaming(man), progress=False) is ok and len(calls) == 1  # once per process
+    assert sorted(p.name for p in (tmp_path / "art").iterdir()) == ["ple", "ssd-stream.json"]  # the doctor's: no record
+    assert not (tmp_path / "data").exists()  # nor a lock
+    preflight.require_verified_sidecar(streaming(man))  # the plugin's: hashes (a report stands in for no load) ...
+    assert len(calls) == 2 and (tmp_path / "art" / ".ssd-stream-verified.json").is_file()  # ... and records
     forget_sidecars()
     again = preflight.verify_sidecar_once(streaming(man), progress=False)
     assert "1 from the verified cache" in again.message  # the next process: the cache, no re-read

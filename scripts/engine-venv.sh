@@ -1,8 +1,10 @@
 #!/bin/sh
 # Create (once) and print the path of a cached venv holding an engine release, for tests and CI.
-# Usage: scripts/engine-venv.sh [--private DIR] sglang|vllm [release]   (default: the pinned release)
+# Usage: scripts/engine-venv.sh [--private DIR | --wheelhouse] sglang|vllm [release]   (default: the pinned
+#   release)
 #   --private DIR: print instead the python of a private copy made under DIR (hard links, seconds; see
 #   private_copy below): what a test run patches, so two runs on one box never write the same venv.
+#   --wheelhouse: print the directory of the pinned locks' wheels (downloaded once, with the venv).
 # Every distribution comes from the hash locks (hashes/locks/, written by scripts/lock.py) through
 # `pip install --require-hashes --no-deps`: the runtime lock install.sh uses plus the test extra.
 # Cache key: engine, release, Python minor version and the SHA-256 of the locks used, so a lock
@@ -13,11 +15,11 @@
 # not all installable here (sglang 0.5.22 needs cuda-tile from a vendor index), and our patches
 # touch only the engine's own .py files, which the overlay carries byte for byte.
 set -eu
-private=""
-if [ "${1:-}" = --private ]; then
-    private=$2
-    shift 2
-fi
+private="" want_wheelhouse=""
+case ${1:-} in
+    --private) private=$2; shift 2 ;;
+    --wheelhouse) want_wheelhouse=1; shift ;;
+esac
 engine=$1
 repo=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
@@ -78,6 +80,20 @@ if [ -z "${SSD_STREAM_VENV_LOCKED:-}" ]; then
     export SSD_STREAM_VENV_LOCKED=1
 fi
 
+wheelhouse="$cache/wheelhouse/$engine-$pinned-py$pyver-$key"
+ensure_wheelhouse() {
+    [ -f "$wheelhouse/.complete" ] && return 0
+    rm -rf "$wheelhouse"
+    mkdir -p "$wheelhouse"
+    "$py" -m pip download -q --disable-pip-version-check --require-hashes --no-deps -d "$wheelhouse" \
+        -r "$runtime_lock" -r "$test_lock" >&2
+    touch "$wheelhouse/.complete"
+}
+if [ -n "$want_wheelhouse" ]; then  # the pinned locks' wheels (downloaded here if a venv predates them)
+    ensure_wheelhouse
+    echo "$wheelhouse"
+    exit 0
+fi
 if [ "$release" = "$pinned" ]; then
     venv="$cache/venvs/$engine-$pinned-py$pyver-$key"
     if [ ! -f "$venv/.complete" ]; then
@@ -85,9 +101,13 @@ if [ "$release" = "$pinned" ]; then
              "(hash-checked; ~6 min, ~10 GB)" >&2
         rm -rf "$venv"
         mkdir -p "$cache/venvs"
+        # The locks' wheels are downloaded once into a wheelhouse, then installed from it: the install test
+        # (tests/test_install_sh.py) builds install.sh's runtime from the same wheelhouse, hash-checked by
+        # install.sh's own --require-hashes, instead of downloading every wheel a second time.
+        ensure_wheelhouse
         "$py" -m venv "$venv"
         "$venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
-            -r "$runtime_lock" -r "$test_lock" >&2
+            --no-index --find-links "$wheelhouse" -r "$runtime_lock" -r "$test_lock" >&2
         touch "$venv/.complete"
     fi
 else

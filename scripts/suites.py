@@ -40,11 +40,13 @@ VENV = REPO / "scripts" / "engine-venv.sh"
 @dataclass
 class Suite:
     name: str
+    group: str  # what scripts/test.sh names: sglang, vllm, e2e, e2e-vllm (sglang runs as two parts)
     engine: str
     args: list[str]  # pytest arguments (paths and marker)
-    expected_minutes: float  # the last unloaded measurement (docs/testing.md): the start order, longest first
+    expected_minutes: float  # measured (docs/testing.md): the start order, longest first
     env_var: str = ""  # the variable that hands the venv's python to the tests
     overlays: bool = False  # also private copies of the engine's other releases (sglang's RED/GREEN on them)
+    wheelhouse: bool = False  # the install test builds install.sh's runtime from the venv's own wheels
     # filled in while it runs
     seconds: float = 0.0
     rc: int | None = None
@@ -52,14 +54,21 @@ class Suite:
     cases: list = field(default_factory=list)  # (seconds, nodeid)
 
 
-SUITES = {
-    "sglang": Suite("sglang", "sglang", ["tests", "-m", "not vllm and not e2e"], 19.0,
-                    "SSD_STREAM_SGLANG_PYTHON", overlays=True),
-    "vllm": Suite("vllm", "vllm", ["tests/vllm", "tests/test_wheel_architectures.py", "-m", "vllm"], 11.0,
-                  "SSD_STREAM_VLLM_PYTHON"),
-    "e2e": Suite("e2e", "sglang", ["tests/e2e", "-m", "e2e"], 14.0, "SSD_STREAM_SGLANG_PYTHON"),
-    "e2e-vllm": Suite("e2e-vllm", "vllm", ["tests/e2e_vllm", "-m", "e2e_vllm"], 13.0, "SSD_STREAM_VLLM_PYTHON"),
-}
+SGLANG_ONLY = "not vllm and not e2e"
+# The sglang group is the one pytest selection ``tests -m SGLANG_ONLY`` cut in two by path: the real-engine
+# tests of tests/sglang (RED/GREEN on three releases, the engine's processes) and everything else (the kit's
+# core, the sidecar, operations, install.sh), so that neither part is the one that makes the run long.
+SUITES = {s.name: s for s in (
+    Suite("sglang-engine", "sglang", "sglang", ["tests/sglang", "-m", SGLANG_ONLY], 19.0,
+          "SSD_STREAM_SGLANG_PYTHON", overlays=True),
+    Suite("e2e", "e2e", "sglang", ["tests/e2e", "-m", "e2e"], 15.0, "SSD_STREAM_SGLANG_PYTHON"),
+    Suite("vllm", "vllm", "vllm", ["tests/vllm", "tests/test_wheel_architectures.py", "-m", "vllm"], 13.0,
+          "SSD_STREAM_VLLM_PYTHON"),
+    Suite("e2e-vllm", "e2e-vllm", "vllm", ["tests/e2e_vllm", "-m", "e2e_vllm"], 12.0, "SSD_STREAM_VLLM_PYTHON"),
+    Suite("sglang-core", "sglang", "sglang", ["tests", "--ignore=tests/sglang", "-m", SGLANG_ONLY], 9.0,
+          "SSD_STREAM_SGLANG_PYTHON", wheelhouse=True),
+)}
+GROUPS = tuple(dict.fromkeys(s.group for s in SUITES.values()))
 
 _print_lock = threading.Lock()
 
@@ -74,10 +83,11 @@ def cache_dir() -> Path:
     return Path(os.environ["SSD_STREAM_CACHE"])
 
 
-def venv_python(engine: str, *extra: str, private: Path | None = None) -> str:
-    """engine-venv.sh's answer: the cached venv (built once; the script serializes builds per engine) or, with
-    ``private``, a private copy of it under that directory."""
-    cmd = ["sh", str(VENV), *(["--private", str(private)] if private else []), engine, *extra]
+def venv_python(engine: str, *extra: str, private: Path | None = None, flag: str | None = None) -> str:
+    """engine-venv.sh's answer: the cached venv's python (built once; the script serializes builds per engine),
+    with ``private`` a private copy of it under that directory, with ``flag="--wheelhouse"`` its wheels."""
+    opts = ["--private", str(private)] if private else [flag] if flag else []
+    cmd = ["sh", str(VENV), *opts, engine, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
@@ -144,6 +154,8 @@ def run_suite(suite: Suite, builds: Builds, run_dir: Path, test_home: Path, pyte
         py = venv_python(suite.engine, private=own)
         env = {**os.environ, "HOME": str(test_home / suite.name), suite.env_var: py, "PYTHONUNBUFFERED": "1"}
         (test_home / suite.name).mkdir(parents=True)
+        if suite.wheelhouse:
+            env["SSD_STREAM_SGLANG_WHEELHOUSE"] = venv_python(suite.engine, flag="--wheelhouse")
         if suite.overlays:
             env["SSD_STREAM_SGLANG_RELEASES"] = " ".join(
                 f"{r}={venv_python(suite.engine, r, private=own / r)}" for r in other_releases(suite.engine))
@@ -234,15 +246,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("SSD_STREAM_TEST_JOBS", "2")),
                     help="suites at once (default 2, CI's cores; SSD_STREAM_TEST_JOBS)")
     ap.add_argument("--durations", type=int, default=0, metavar="N", help="print the N slowest tests at the end")
-    ap.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
+    ap.add_argument("suites", nargs="*", help=f"any of {', '.join(GROUPS)} (default: all)")
     opts = ap.parse_args(argv)
-    unknown = [s for s in opts.suites if s not in SUITES]
+    unknown = [s for s in opts.suites if s not in GROUPS]
     if unknown or opts.jobs < 1:
-        print(f"unknown suite: {' '.join(unknown)} (expected {', '.join(SUITES)})" if unknown
+        print(f"unknown suite: {' '.join(unknown)} (expected {', '.join(GROUPS)})" if unknown
               else "--jobs must be at least 1", file=sys.stderr)
         return 64
-    names = [n for n in SUITES if n in opts.suites] if opts.suites else list(SUITES)
-    suites = sorted((SUITES[n] for n in names), key=lambda s: -s.expected_minutes)
+    chosen = set(opts.suites or GROUPS)
+    suites = sorted((s for s in SUITES.values() if s.group in chosen), key=lambda s: -s.expected_minutes)
     if any(s.name == "e2e" for s in suites) and not shutil.which("cc"):
         print("e2e needs a C compiler (cc) for the stub driver", file=sys.stderr)
         return 1

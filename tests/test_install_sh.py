@@ -170,15 +170,20 @@ def test_real_install_then_verified_noop_rerun(tmp_path):
 
 
 def _real_install_then_verified_noop_rerun(tmp_path: Path, prefix: Path) -> None:
+    # The wheels come from the test venv's wheelhouse (scripts/engine-venv.sh: the same lock's wheels, already
+    # downloaded), never from the index: install.sh still checks every one against the lock's SHA-256.
+    wheelhouse = os.environ.get("SSD_STREAM_SGLANG_WHEELHOUSE") or pytest.fail(
+        "SSD_STREAM_SGLANG_WHEELHOUSE is not set: run the tests through scripts/test.sh")
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": wheelhouse}
     bindir = tmp_path / "bin"
-    first = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], timeout=1800)
+    first = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], env_extra=offline, timeout=1800)
     assert first.returncode == 0, first.stdout + first.stderr
     link = bindir / "sglang-ssd-stream"
     venv = prefix / "sglang-0.5.23" / "venv"
     assert os.readlink(link) == str(venv / "bin" / "sglang-ssd-stream")
 
     t0 = time.monotonic()
-    again = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], timeout=600)
+    again = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], env_extra=offline, timeout=600)
     elapsed = time.monotonic() - t0
     assert again.returncode == 0, again.stdout + again.stderr
     # What to do next (issue 28 item 5): the link's folder is not on this PATH; the vLLM tool is another runtime.
@@ -217,7 +222,7 @@ def _real_install_then_verified_noop_rerun(tmp_path: Path, prefix: Path) -> None
         target.write_bytes(original + b"# tampered\n")
         check = run(["--check", "--prefix", str(prefix), "--bin-dir", str(bindir)])
         assert check.returncode == 1
-        refused = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], timeout=600)
+        refused = run(["--prefix", str(prefix), "--bin-dir", str(bindir)], env_extra=offline, timeout=600)
         assert refused.returncode == 2
         assert "Refusing to patch an unknown sglang source state: sglang/srt/managers/tp_worker.py" in refused.stderr
         assert target.read_bytes() == original + b"# tampered\n"

@@ -322,7 +322,7 @@ def qwen3_patched(stage, qwen3_model, e2e_root) -> Scenario:
 
     def exercise(server):
         out = {"completion": server.complete("The harbor lantern", MAX_TOKENS, logprobs=True),
-               "truncation": send_truncation_probes(server)}
+               "truncation": send_truncation_probes(server), "fits": probes.fits(server)}
         report = e2e_root / "validate-report"
         t0 = time.monotonic()
         r = kit(stage.engine, "validate", "--url", f"{server.url}/v1", "--model", str(server.model),
@@ -349,7 +349,7 @@ def qwen3_pristine(stage, qwen3_model) -> Scenario:
     """Pristine: the truncation probes, then the malformed-request survey, then the request that ends it."""
 
     def exercise(server):
-        out = {"truncation": send_truncation_probes(server),
+        out = {"truncation": send_truncation_probes(server), "fits": probes.fits(server),
                "malformed": probes.malformed(server, VOCAB, skip=(*PRISTINE_SKIP, PRISTINE_KILLER))}
         kill = probes.malformed_cases(server, VOCAB)[PRISTINE_KILLER]
         try:
@@ -373,7 +373,8 @@ def qwen4_ram(stage, qwen4_model) -> Scenario:
     itself (no sidecar: our hooks installed but inert), the QSA budget knob set."""
 
     def exercise(server):
-        return {"greedy": greedy_runs(server), "truncation": send_truncation_probes(server)}
+        return {"greedy": greedy_runs(server), "truncation": send_truncation_probes(server),
+                "fits": probes.fits(server)}
 
     return stage.serve("qwen4-ram", "patched", qwen4_model, exercise, standin=True,
                        args=qwen4_args("--ple-offload-embedding"),
@@ -382,7 +383,8 @@ def qwen4_ram(stage, qwen4_model) -> Scenario:
 
 @pytest.fixture(scope="session")
 def qwen4_pristine(stage, qwen4_model) -> Scenario:
-    return stage.serve("qwen4-pristine", "pristine", qwen4_model, lambda s: {"truncation": send_truncation_probes(s)},
+    return stage.serve("qwen4-pristine", "pristine", qwen4_model,
+                       lambda s: {"truncation": send_truncation_probes(s), "fits": probes.fits(s)},
                        standin=True, args=qwen4_args(), env=ALLOW_UNPATCHED)
 
 
@@ -507,7 +509,7 @@ def qwen4_mtp_ram(stage, qwen4_model) -> Scenario:
     probes, the profile's four requests at once, clients that go away, a token id past the vocabulary."""
 
     def exercise(server):
-        out = {"greedy": greedy_runs(server), "truncation": probes.truncation(server),
+        out = {"greedy": greedy_runs(server), "truncation": probes.truncation(server), "fits": probes.fits(server),
                "four": probes.four_at_once(server), "disconnects": probes.disconnects(server)}
         out["past_vocab"] = probes.completion(server, VOCAB_PAST, 2, timeout=60)
         out["alive_after_past_vocab"] = probes.alive(server)

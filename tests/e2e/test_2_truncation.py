@@ -51,3 +51,13 @@ def test_pristine_budget_collapses(request, page):
     assert prompt + TRUNCATION_MAX_TOKENS > CONTEXT
     _, completion, _ = _usage(near)
     assert completion < TRUNCATION_MAX_TOKENS, near
+
+
+@pytest.mark.parametrize("scenario", ["qwen3_patched", "qwen4_ram", "qwen4_mtp_ram", "qwen3_pristine",
+                                      "qwen4_pristine"])
+def test_a_prompt_that_fits_is_served_whole(request, scenario):
+    """Issue 38 item 3: 220 ids + 24 new tokens fit the 256-token context; patched (page 1, page 64, page 64
+    under MTP) serves all 220 as pristine does, never cut to the page-aligned limit an earlier patch 0001 used."""
+    probe = request.getfixturevalue(scenario).results["fits"]
+    prompt, completion, finish = _usage(probe)
+    assert (prompt, completion, finish) == (probe["sent"], probe["max_tokens"], "length"), probe

@@ -226,11 +226,19 @@ def test_seed_example_120_in_8_out():
             assert req.to_finish is None and not req.finished()
 
 
+def _pool_input_len(kv_capacity: int, page: int) -> int:
+    """The longest prompt whose page-rounded length leaves the allocator's
+    page and one output token in the pool, in whole pages."""
+    bound = kv_capacity - page - 2
+    return bound // page * page if bound >= page else bound
+
+
 @pytest.mark.parametrize("page", PAGE_SIZES)
 def test_worker_input_limit_page_aligned(page):
-    """TpModelWorker.get_worker_info: max_req_input_len is a whole number of
-    KV pages, at most context - 6, and a prompt at the limit can still
-    generate within the KV pool."""
+    """TpModelWorker.get_worker_info: max_req_input_len is 0.5.23's context
+    bound (context - 6, token-exact) or, where the KV pool binds, the pool's
+    bound in whole KV pages; a prompt at the limit can still generate within
+    the KV pool."""
     with _server_args(page, "off"):
         for context_len, kv_capacity in itertools.product(
             (1000, 4096, 4097, 65536, 262144), (None, 4096, 300000)
@@ -243,11 +251,15 @@ def test_worker_input_limit_page_aligned(page):
             where = f"page={page} context={context_len} kv={kv_capacity}"
             unaligned = max_req_len - 5
             assert max_req_input_len <= unaligned
-            assert max_req_input_len % page == 0, (
-                f"{where}: max_req_input_len={max_req_input_len} is not page-aligned"
+            # The context bound is not rounded to a page (issue 38 item 3);
+            # only the pool's bound is, where it is the smaller.
+            pool = _pool_input_len(kv_capacity, page)
+            assert max_req_input_len == min(unaligned, pool), (
+                f"{where}: max_req_input_len={max_req_input_len}, want "
+                f"min({unaligned}, pool bound {pool})"
             )
-            # Not more than one page (plus the allocator's page) is given up.
-            assert max_req_input_len > min(unaligned, kv_capacity - page - 2) - page
+            if pool < unaligned:
+                assert max_req_input_len % page == 0, where
             # A prompt at the limit still has room for output in the KV pool
             # (the allocator holds one page back).
             room = BaseTokenToKVPoolAllocator.max_new_tokens_for_memory(
@@ -266,8 +278,9 @@ def test_worker_input_limit_page_aligned(page):
 
 def test_tokenizer_truncation_keeps_output_budget():
     """TokenizerManager._validate_one_request with --allow-auto-truncate: a
-    prompt that is cut keeps the client's output budget and is cut to whole
-    pages below the scheduler's input limit."""
+    prompt is cut only where 0.5.23 would cut it (input + reserved slots at
+    the context, or input at the scheduler's limit); then it keeps the
+    client's output budget and is cut to whole pages below both limits."""
     for page, spec, context_len in _cases():
         with _server_args(page, spec):
             reserved = compute_num_reserved_tokens()
@@ -280,8 +293,8 @@ def test_tokenizer_truncation_keeps_output_budget():
                     range(n), requested, context_len, max_req_input_len
                 )
                 where = f"page={page} spec={spec} ctx={context_len} n={n} req={requested}"
-                if n + reserved < limit:
-                    assert len(ids) == n, where  # short prompts are never cut
+                if n + reserved < context_len and n < max_req_input_len:
+                    assert len(ids) == n, where  # a prompt that fits is never cut
                     continue
                 budget = max(1, _client_budget(requested))
                 kept = len(ids)
@@ -407,12 +420,74 @@ def test_end_to_end_boundary_sweep():
                     assert kept <= max_req_input_len, where
                     assert kept + out <= max_req_len - 1, where
                     assert out >= 1, f"{where}: no output budget left"
-                    if n + reserved >= min(context_len, max_req_input_len):
+                    if n + reserved >= context_len or n >= max_req_input_len:
                         # Cut by auto-truncation: whole pages, client budget kept.
                         assert kept % page == 0, where
                         if requested not in (ABSENT, None):
                             assert out == requested, where
                             assert kept + reserved + out <= context_len, where
+
+
+def test_a_prompt_that_fits_is_never_cut():
+    """Issue 38 item 3: context 256, page 64, 220 in + 24 out (244 <= 256) is
+    served whole, as pristine serves it (the page-aligned input limit of an
+    earlier version of the patch cut it to 128). Swept: every prompt under
+    0.5.23's own limits keeps all its tokens, with the budget upstream gives."""
+    context_len = 256
+    for page, spec in itertools.product((1, 64), SPEC):
+        with _server_args(page, spec):
+            reserved = compute_num_reserved_tokens()
+            max_req_len, max_req_input_len = worker_limits(context_len, BIG_KV)
+            ids, sampling = tokenizer_validate(
+                range(220), 24, context_len, max_req_input_len
+            )
+            req = scheduler_intake(
+                ids, sampling, max_req_len, max_req_input_len, BIG_KV, page
+            )
+            got = (len(req.origin_input_ids), req.sampling_params.max_new_tokens)
+            assert got == (220, 24), f"page={page} spec={spec}: got {got[0]} + {got[1]}"
+            for n, requested in itertools.product(range(150, 260), (1, 8, 24, 100)):
+                if n + reserved + requested > context_len or n >= context_len - 6:
+                    continue  # does not fit 0.5.23's own limits
+                ids, sampling = tokenizer_validate(
+                    range(n), requested, context_len, max_req_input_len
+                )
+                req = scheduler_intake(
+                    ids, sampling, max_req_len, max_req_input_len, BIG_KV, page
+                )
+                kept = len(req.origin_input_ids)
+                out = req.sampling_params.max_new_tokens
+                where = f"page={page} spec={spec} n={n} req={requested}: {kept} + {out}"
+                assert kept == n, where
+                assert out == min(requested, max_req_len - n - 1) >= 1, where
+                assert req.to_finish is None, where
+
+
+def test_truncation_log_names_the_limit(caplog):
+    """The warning for a cut prompt says which limit it did not fit, the
+    reserved draft slots, and what is kept."""
+    context_len, page = 256, 64
+    for spec in SPEC:
+        with _server_args(page, spec):
+            reserved = compute_num_reserved_tokens()
+            _, max_req_input_len = worker_limits(context_len, BIG_KV)
+            cases = {
+                275: f"does not fit the model's context length ({context_len} tokens)",
+                max_req_input_len: "does not fit the scheduler's input limit "
+                f"({max_req_input_len} tokens)",
+            }
+            for n, why in cases.items():
+                caplog.clear()
+                with caplog.at_level("WARNING"):
+                    ids, _ = tokenizer_validate(range(n), 8, context_len, max_req_input_len)
+                text = caplog.text
+                where = f"spec={spec} n={n}: {text!r}"
+                if n == max_req_input_len and n + reserved >= context_len:
+                    why = cases[275]
+                assert why in text, where
+                assert f"{reserved} reserved draft slots" in text, where
+                assert f"Truncating the input to {len(ids)} tokens" in text, where
+                assert len(ids) % page == 0 and len(ids) < n, where
 
 
 # --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +39,19 @@ def fetch_wheel(engine: Engine, release: str, arch: str, cache: Path, python: st
     if found:
         return found[0]
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-q", *(a for tag in PLATFORMS[arch] for a in ("--platform", tag)), "--python-version", python,
-           "--implementation", "cp",
-           "-d", str(dest), f"{engine.distribution}=={release}"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(dest.glob("*.whl"))
-    if r.returncode != 0 or not found:
-        raise EnvironmentProblem(f"could not download {engine.distribution}=={release} for {arch}: "
-                                 f"{(r.stderr or r.stdout).strip()[-500:]}")
-    return found[0]
+    # pip writes into a private directory beside ``dest`` and the wheel is renamed in whole: another process
+    # fetching the same wheel (a second test run, a drift report) never globs a half-written one.
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", *(a for tag in PLATFORMS[arch] for a in ("--platform", tag)),
+               "--python-version", python, "--implementation", "cp", "-d", tmp, f"{engine.distribution}=={release}"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob("*.whl"))
+        if r.returncode != 0 or not got:
+            raise EnvironmentProblem(f"could not download {engine.distribution}=={release} for {arch}: "
+                                     f"{(r.stderr or r.stdout).strip()[-500:]}")
+        os.replace(got[0], dest / got[0].name)
+    return sorted(dest.glob("*.whl"))[0]
 
 
 def wheel_file_bytes(wheel: Path, rel: str) -> bytes | None:

@@ -105,3 +105,40 @@ def test_deep_check_finds_a_file_changed_behind_the_record(installed):
     (kit.site / "sglang" / "__init__.py").write_text("def main():\n    print('changed')\n")
     rc, out, err = run_cli(kit, "verify", "--deep")
     assert rc == EXIT_NOT_VERIFIED and "sglang/__init__.py differs from its RECORD hash" in out, out
+
+
+def test_fetched_wheels_arrive_whole_beside_a_concurrent_fetch(tmp_path, monkeypatch):
+    """Two processes fetching the same wheel into one cache (two test runs, a drift report) each get a whole
+    wheel, the cache holds exactly one, and no download directory is left: pip writes into a private directory
+    and the wheel is renamed into place. A local wheel directory stands in for the index."""
+    import threading
+
+    from sglang_ssd_stream.patching.engines import ENGINES
+    from sglang_ssd_stream.patching.wheels import fetch_wheel
+
+    from ..test_install_sh import _wheel
+
+    wheels = tmp_path / "index"
+    wheels.mkdir()
+    _wheel(wheels, "sglang", "9.9.9")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    cache = tmp_path / "cache"
+    got, errors = [], []
+
+    def fetch():
+        try:
+            got.append(fetch_wheel(ENGINES["sglang"], "9.9.9", "x86_64", cache))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    dest = cache / "wheels" / "sglang-9.9.9-x86_64-py3.11"
+    assert [p.name for p in dest.iterdir()] == ["sglang-9.9.9-py3-none-any.whl"]
+    assert len(got) == 2 and all(zipfile.is_zipfile(p) and p.parent == dest for p in got)

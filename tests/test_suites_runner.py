@@ -1,0 +1,51 @@
+"""scripts/suites.py (what scripts/test.sh runs): the suites it cuts in two still run every test of the one
+selection they came from, a usage error is exit 64, and a cut-short JUnit report does not stop the runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import suites  # noqa: E402  (a script, not a package)
+
+
+def _collected(*args: str) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                       cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {line for line in r.stdout.splitlines() if "::" in line}
+
+
+def test_the_sglang_parts_run_exactly_the_one_selection_they_were_cut_from():
+    parts = [s for s in suites.SUITES.values() if s.group == "sglang"]
+    assert len(parts) == 2
+    whole = _collected("tests", "-m", suites.SGLANG_ONLY)
+    got = [_collected(*s.args) for s in parts]
+    assert not got[0] & got[1], sorted(got[0] & got[1])[:5]  # no test twice
+    assert got[0] | got[1] == whole, sorted(whole ^ (got[0] | got[1]))[:5]  # none left out
+    assert len(whole) > 1000
+
+
+def test_every_suite_test_sh_names_is_a_group_and_a_bad_name_is_a_usage_error():
+    assert set(suites.GROUPS) == {"sglang", "vllm", "e2e", "e2e-vllm"}
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "suites.py"), "sglnag"], capture_output=True,
+                       text=True, env={**os.environ, "SSD_STREAM_CACHE": "/nonexistent"}, timeout=60)
+    assert r.returncode == 64 and "unknown suite: sglnag" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_a_junit_report_cut_short_leaves_the_counts_empty(tmp_path):
+    cut = tmp_path / "cut.xml"
+    cut.write_text('<testsuites><testsuite><testcase classname="tests.a" name="t"')
+    assert suites.junit_results(cut) == ({"passed": 0, "failed": 0, "error": 0, "skipped": 0}, [])
+    whole = tmp_path / "whole.xml"
+    whole.write_text('<testsuites><testsuite><testcase classname="tests.a" name="t1" time="1.5"/>'
+                     '<testcase classname="tests.a" name="t2" time="2"><failure/></testcase>'
+                     '<testcase classname="tests.b" name="t3" time="0"><skipped/></testcase></testsuite></testsuites>')
+    counts, cases = suites.junit_results(whole)
+    assert counts == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
+    assert cases == [(1.5, "tests/a::t1"), (2.0, "tests/a::t2"), (0.0, "tests/b::t3")]

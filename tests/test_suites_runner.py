@@ -23,11 +23,12 @@ def _collected(*args: str) -> set[str]:
 
 def test_the_sglang_parts_run_exactly_the_one_selection_they_were_cut_from():
     parts = [s for s in suites.SUITES.values() if s.group == "sglang"]
-    assert len(parts) == 2
+    assert len(parts) == 3
     whole = _collected("tests", "-m", suites.SGLANG_ONLY)
     got = [_collected(*s.args) for s in parts]
-    assert not got[0] & got[1], sorted(got[0] & got[1])[:5]  # no test twice
-    assert got[0] | got[1] == whole, sorted(whole ^ (got[0] | got[1]))[:5]  # none left out
+    assert all(got), [s.name for s, g in zip(parts, got, strict=True) if not g]
+    assert sum(len(g) for g in got) == len(set().union(*got)), "a test runs in two parts"
+    assert set().union(*got) == whole, sorted(whole ^ set().union(*got))[:5]  # none left out, none added
     assert len(whole) > 1000
 
 
@@ -49,3 +50,12 @@ def test_a_junit_report_cut_short_leaves_the_counts_empty(tmp_path):
     counts, cases = suites.junit_results(whole)
     assert counts == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
     assert cases == [(1.5, "tests/a::t1"), (2.0, "tests/a::t2"), (0.0, "tests/b::t3")]
+
+
+def test_nothing_selected_passes_only_under_the_users_filter():
+    suite = suites.SUITES["sglang-ops"]
+    for rc, args, ok in ((0, [], True), (suites.NO_TESTS, ["-k", "name"], True), (suites.NO_TESTS, [], False),
+                         (1, ["-k", "name"], False)):
+        suite.rc = rc
+        assert suites.passed(suite, args) is ok, (rc, args)
+    suite.rc = None

@@ -5,12 +5,14 @@ start: the engine put in a patch state, the server started, the requests a proof
 process titles kept, the server stopped (always, and before the next one starts). Scenarios are
 session fixtures, so each server starts once however many tests read its results; tests only assert.
 
-Budget (CI: 2 cores): eighteen server starts (four of them MTP); 16 generated tokens per request except the
-MTP probes that need a long decode (clients that go away, concurrency: up to 200).
+Budget (CI: 2 cores): nineteen server starts (four of them MTP; issue 38 added the forged hot file); 16 generated
+tokens per request except the MTP probes that need a long decode (clients that go away, concurrency: up to 200).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import signal
 import subprocess
@@ -439,11 +441,74 @@ def qwen4_sidecar_restart(stage, qwen4_model, sidecar, hot_home, qwen4_sidecar_c
     return _hot_scenario(stage, qwen4_model, sidecar, hot_home, "qwen4-sidecar-restart")
 
 
+TAMPERED_LAYER = 0  # the table rewritten in place while it is served (issue 38 item 1 (b))
+TAMPER_PROMPTS = ((40, 7), (60, 8))  # (tokens, seed): rows the greedy prompts never looked up, after the rewrite
+
+
 @pytest.fixture(scope="session")
-def qwen4_sidecar_restart_without(stage, qwen4_model, sidecar, e2e_root, qwen4_sidecar_cache) -> Scenario:
-    """The restart without the hot file: the same launch and knobs, after the first start as the restart with it
-    (the engine's compile caches as warm), over an empty data directory."""
-    return _hot_scenario(stage, qwen4_model, sidecar, e2e_root / "hot-home-empty", "qwen4-sidecar-restart-without")
+def tampered(e2e_root, sidecar, hot_home, qwen4_sidecar_cache) -> dict:
+    """A private copy of the sidecar (its tables are rewritten below; no other scenario reads them) and a data
+    directory holding the first start's hot file forged (:func:`hot_forgery.forge`: every row wrong, checksums
+    recomputed, bound to the copy's tables as they are)."""
+    from sglang_ssd_stream.sidecar.format import load_manifest
+
+    from .hot_forgery import forge
+
+    (good,) = qwen4_sidecar_cache.results["hot_files"]
+    copy, home = e2e_root / "sidecar-tampered", e2e_root / "hot-home-tampered"
+    shutil.copytree(sidecar, copy)
+    forged = home / "hot" / good.name
+    rows = forge(good, sidecar, forged, copy)
+    table = load_manifest(copy).table(TAMPERED_LAYER).file
+    return {"sidecar": copy, "home": home, "file": forged, "rows": rows, "table": Path(table)}
+
+
+def _identity(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def qwen4_sidecar_forged(stage, qwen4_model, tampered, other_rows_sidecar) -> Scenario:
+    """Issue 38 item 1 over HTTP. (a) The default launch over the forged hot file: one warning, a cold start.
+    (b) Then, while it serves, the table of layer TAMPERED_LAYER rewritten in place with another checkpoint's
+    rows and its mtime put back (the reader's blind spot: the prompts after it read wrong rows into the cache),
+    so its stop (SIGTERM) must refuse to save any row. The data directory's file is recorded before and after."""
+    from sglang_ssd_stream.sidecar.format import load_manifest
+
+    from .hot_forgery import rewrite_in_place
+
+    wrong = Path(load_manifest(other_rows_sidecar).table(TAMPERED_LAYER).file).read_bytes()
+    tampered["before"] = _identity(tampered["file"])
+
+    def exercise(server):
+        out = {"greedy": greedy_runs(server)}
+        rewrite_in_place(tampered["table"], wrong)
+        out["after_rewrite"] = [server.generate_ids(token_ids(n, seed), MAX_TOKENS)["output_ids"]
+                                for n, seed in TAMPER_PROMPTS]
+        return out
+
+    env = {"SGLANG_SSD_STREAM_SIDECAR": str(tampered["sidecar"]), "SGLANG_SSD_STREAM_IO": "mmap",
+           "SGLANG_SSD_STREAM_HOME": str(tampered["home"])}
+    sc = stage.serve("qwen4-sidecar-forged", "patched", qwen4_model, exercise, standin=True,
+                     args=qwen4_args("--ple-offload-embedding"), env=env)
+    sc.results["file_after_stop"] = _identity(tampered["file"])
+    return sc
+
+
+@pytest.fixture(scope="session")
+def qwen4_sidecar_restart_without(stage, qwen4_model, sidecar, tampered, qwen4_sidecar_forged) -> Scenario:
+    """The restart without a usable hot file: the same launch and knobs, after the first start as the restart
+    with it (the engine's compile caches as warm). Its data directory is the forged start's, after the operator
+    restored the rewritten table as the docs say (a new file renamed over it): the file there, bound to the
+    table it replaced, must be refused, so this start is cold and serves the right rows (issue 38 item 1 (b))."""
+    from sglang_ssd_stream.sidecar.format import load_manifest
+
+    from .hot_forgery import restore_by_rename
+
+    right = Path(load_manifest(sidecar).table(TAMPERED_LAYER).file).read_bytes()
+    restore_by_rename(tampered["table"], right)
+    return _hot_scenario(stage, qwen4_model, tampered["sidecar"], tampered["home"], "qwen4-sidecar-restart-without")
 
 
 @pytest.fixture(scope="session")

@@ -148,7 +148,7 @@ def test_a_restart_reads_the_hot_file_before_the_first_request_and_no_row_from_d
     the server's process group) writes the hot file; the restart reads it in one pass before it serves, then
     serves the same requests (sglang's warm-up and the greedy prompts, twice) without reading one row from disk,
     bit for bit as the cold start did, and its stop leaves the file as it is (the same rows). A restart without
-    the file reads them again."""
+    a usable file (the one there is refused: see the next test) reads them again."""
     cold, hot, without = qwen4_sidecar_cache, qwen4_sidecar_restart, qwen4_sidecar_restart_without
     # cold: no file yet, a warning and a cold start; its stop wrote the file the restart reads
     assert _lines(cold, r"PLE hot file \S+ ignored \(.*\); the row cache starts cold"), cold.log[-4000:]
@@ -184,3 +184,42 @@ def test_a_restart_reads_the_hot_file_before_the_first_request_and_no_row_from_d
         report.append(f"  {label}: first prompt {first:.3f} s, the same prompt warm {warm:.3f} s "
                       f"(x{first / warm:.2f}); rows read from disk after each request {_rows_read(sc)}")
     request.config._e2e_hot = "\n".join([f"hot file restart ({rows} rows loaded):", *report])
+
+
+def test_a_forged_hot_file_or_a_table_rewritten_in_place_never_serves_a_wrong_row(
+        qwen4_sidecar_cache, qwen4_sidecar_forged, qwen4_sidecar_restart_without, tampered):
+    """Issue 38 item 1 over HTTP, (a) and (b). Found before: a hot file whose rows were changed and whose
+    checksums were recomputed loaded without a word (every row served wrong, and written again at the stop); a
+    table rewritten in place with its mtime put back was served wrong and its rows saved to the hot file, and
+    after the operator restored the table the restart served them from the file again."""
+    cold, forged, restored = qwen4_sidecar_cache, qwen4_sidecar_forged, qwen4_sidecar_restart_without
+    path = re.escape(str(tampered["file"]))
+    # (a) the forged file (every check of the file itself passes): refused by the rows' spot-check, one warning,
+    # no row of it placed, a cold start that reads what the first cold start read, the right output
+    ignored = _lines(forged, r"PLE hot file \S+ ignored")
+    assert len(ignored) == 1, forged.log[-4000:]
+    assert re.search(rf"PLE hot file {path} ignored \(layer \d+'s row \d+ differs from its table "
+                     rf"\S+\); the row cache starts cold", ignored[0]), ignored
+    assert not _lines(forged, r"PLE hot file \S+: \d+ rows into"), forged.log[-4000:]
+    assert _rows_read(forged)[len(PLE_PROMPTS)] == _rows_read(cold)[len(PLE_PROMPTS)] > 0
+    assert _greedy(forged) == _greedy(cold)
+    # (b) the rewrite in place: the prompts after it read rows the cache did not hold, from the rewritten table
+    # (the reader's documented blind spot), so the cache held wrong rows when the server stopped
+    reads, after = _rows_read(forged), len(forged.results["after_rewrite"])  # a line after each request
+    assert len(reads) > after and reads[-1] > reads[-1 - after], reads
+    # ... and its stop saved none of them: the write refused, the file in the data directory is the very one that
+    # was there (same inode, mtime and bytes)
+    refused = _lines(forged, rf"PLE hot file {path} not written \(TableChanged: PLE table \S+ \(layer "
+                             rf"\d+\) changed while it is served \(.*ctime.*\); its rows are not saved\)")
+    assert len(refused) == 1, forged.log[-4000:]
+    assert not _lines(forged, r"PLE hot file \S+( kept|: \d+ rows written)"), forged.log[-4000:]
+    assert forged.results["file_after_stop"] == tampered["before"]
+    # the operator restored the table (a new file renamed over it) and started again over that data directory:
+    # the sidecar re-verified, the file there refused for the table it was bound to, a cold start, the right rows
+    ignored = _lines(restored, r"PLE hot file \S+ ignored")
+    assert len(ignored) == 1 and re.search(
+        rf"PLE hot file {path} ignored \(layer \d+'s table \S+ is not the file its rows were read from "
+        rf"\(.*inode.*\)\)", ignored[0]), ignored
+    assert _greedy(restored) == _greedy(restored, "warm") == _greedy(cold)
+    # its stop wrote the right rows over the refused file
+    assert _lines(restored, rf"PLE hot file {path}: \d+ rows written"), restored.log[-4000:]

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import BadKitData, EnvironmentProblem
 from .format import SidecarManifest, check_model_shape
-from .hot_file import hot_file_path, hottest, write_hot_file
+from .hot_file import changed_fields, hot_file_path, hottest, write_hot_file
 from .ngram import DEFAULT_SEED, NGramHash
 
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
@@ -193,7 +193,7 @@ def build_profile(manifest: SidecarManifest, model: str | os.PathLike, corpus: S
     tokens = int(sum(t.size for t in requests))
     if not tokens:
         raise ProfileRefused("the corpus has no text to profile")
-    layers, written, distinct = {}, {}, {}
+    layers, written, distinct, opened = {}, {}, {}, {}
     for table in manifest.tables:
         lo, hi = ranges[table.layer]
         ids, counts = _counts(hashes[table.layer], requests, lo, hi)
@@ -204,14 +204,21 @@ def build_profile(manifest: SidecarManifest, model: str | os.PathLike, corpus: S
         data = np.empty((top.size, table.row_bytes), np.uint8)
         reader = SidecarReader(table, vocab_start=lo, vocab_end=hi, max_rows=max(1, min(top.size, 1 << 16)))
         try:
+            # the file is bound to the table its rows were read from (the descriptor's identity, not the path's
+            # when writing), and a table written meanwhile (ctime moves even when mtime is put back) is refused
+            opened[table.layer] = os.fstat(reader.fileno())
             for a in range(0, top.size, 1 << 16):
                 reader.read_rows(top[a:a + (1 << 16)], data[a:a + (1 << 16)])
+            why = changed_fields(opened[table.layer], os.fstat(reader.fileno()))
         finally:
             reader.close()
+        if why:
+            raise ProfileRefused(f"PLE table {table.file} (layer {table.layer}) changed while it was profiled "
+                                 f"({why}); no hot file written: profile again once the table stays as it is")
         layers[table.layer] = (top, data)
         written[table.layer] = int(top.size)
     if not layers:
         raise ProfileRefused("the corpus looks up no row of this range")
     target = Path(path) if path is not None else hot_file_path(manifest, ranges, role)
-    write_hot_file(target, manifest, ranges, layers, role=role)
+    write_hot_file(target, manifest, ranges, layers, role=role, table_stats=opened)
     return Profile(target, ranges, tp_rank, tp_size, tokens, written, distinct)

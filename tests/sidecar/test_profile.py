@@ -256,3 +256,48 @@ def test_tables_on_another_disk_are_profiled_from_a_root_the_server_would_trust(
     r = _cli(links, "--model", model, "--corpus", *files, "--rows", 5, home=tmp_path,
              SGLANG_SSD_STREAM_TRUSTED_ROOTS=disk)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("how", ["in place, mtime put back", "renamed over"])
+def test_a_table_written_while_it_is_profiled_leaves_no_hot_file(model_and_sidecar, tmp_path, monkeypatch, how):
+    """Issue 38 item 1: the file is bound to the table its rows were read from. A table rewritten in place during the
+    read (its mtime put back: the reader's size/mtime check cannot see it) or renamed over (the old inode's ctime
+    moves with its link count) could have given rows of either content: refused, nothing written. Before, the
+    file was bound to the table at its path when written, so the in-place case carried wrong rows."""
+    import shutil
+
+    from sglang_ssd_stream.sidecar import SidecarReader
+    from sglang_ssd_stream.sidecar.hot_file import read_hot_file
+    from sglang_ssd_stream.sidecar.profile import ProfileRefused, build_profile
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+    from tests.e2e.hot_forgery import restore_by_rename, rewrite_in_place
+
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
+    model, sidecar, files = model_and_sidecar
+    copy = tmp_path / "sidecar"
+    shutil.copytree(sidecar, copy)
+    manifest = load_sidecar(copy)
+    table = Path(manifest.tables[-1].file)
+    right = table.read_bytes()
+    read_rows = SidecarReader.read_rows
+
+    def read_then_change(self, ids, out):
+        got = read_rows(self, ids, out)
+        if Path(self.table.file) == table and table.read_bytes() == right:  # once, after the first read
+            if how == "renamed over":
+                restore_by_rename(table, right)  # the same bytes, another inode
+            else:
+                rewrite_in_place(table, bytes(b ^ 0xFF for b in right))
+        return got
+
+    monkeypatch.setattr(SidecarReader, "read_rows", read_then_change)
+    with pytest.raises(ProfileRefused, match=rf"PLE table {table} \(layer \d+\) changed while it was profiled "
+                                             r"\(.*ctime_ns.*\); no hot file written"):
+        build_profile(manifest, model, files, role="sglang-cpu", rows=40)
+    assert not (tmp_path / "kit" / "hot").exists() or not any((tmp_path / "kit" / "hot").iterdir())
+    # the control: the same profile of the table left alone is written, and loads
+    monkeypatch.setattr(SidecarReader, "read_rows", read_rows)
+    restore_by_rename(table, right)
+    manifest = load_sidecar(copy)
+    prof = build_profile(manifest, model, files, role="sglang-cpu", rows=40)
+    assert read_hot_file(prof.path, manifest, prof.row_range, 1 << 30) is not None

@@ -24,6 +24,8 @@ usage: ./install.sh [--engine sglang|vllm] [--prefix DIR] [--bin-dir DIR] [--pyt
               touch, by SHA-256); change nothing
   --deep      with --check: also hash every file the engine's RECORD lists against it (slow)
 
+Two installs into one --prefix run one at a time: the second waits for the first, saying so.
+
 exit codes: 0 ok, 1 --check found a problem, 2 refused (unsupported platform, no lock, a wheel whose
 hash does not match the lock, unknown source state), 4 pip failed for another reason (network, disk),
 64 usage, 129/130/143 interrupted by SIGHUP/SIGINT/SIGTERM (its children stopped, a runtime or venv
@@ -123,6 +125,11 @@ link_ok() { [ "$(readlink "$bin_dir/$cli" 2>/dev/null || true)" = "$venv/bin/$cl
 
 if [ "$mode" = check ]; then
     problems=0
+    if [ -f "$prefix/.install.lock" ] && ! "$python" -c 'import fcntl, sys
+with open(sys.argv[1]) as f:
+    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)' "$prefix/.install.lock" 2>/dev/null; then
+        say "an install.sh is installing into $prefix right now: what follows may change when it finishes"
+    fi
     if ! engine_ok; then
         if [ -f "$venv/.engine-$engine-$pin" ]; then
             say "the $engine $pin venv at $venv was installed from another lock (or --unlocked) than $engine_id"
@@ -147,6 +154,44 @@ if [ "$mode" = check ]; then
     link_ok || { say "$bin_dir/$cli does not point to $venv/bin/$cli"; problems=1; }
     [ $problems -eq 0 ] && say "runtime $runtime is installed, current and verified"
     exit $problems
+fi
+
+# One install at a time per prefix: a second run would remove the venv the first one's pip is writing. The lock
+# is flock(2) on $prefix/.install.lock, taken by Python on this shell's descriptor 9 (no util-linux needed): it
+# belongs to the open file, so it holds until this script and every child it started (pip) have exited.
+if [ "$mode" = install ]; then
+    mkdir -p "$prefix" 2>/dev/null && [ -w "$prefix" ] \
+        || refuse "cannot write to $prefix (a read-only or foreign directory?): choose a writable place with --prefix DIR, and --bin-dir DIR for the CLI link"
+    exec 9>>"$prefix/.install.lock"
+    "$python" - "$prefix" <<'PY' || exit $?
+import fcntl, os, sys, time
+parent = os.getppid()
+try:
+    fcntl.flock(9, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    sys.exit(0)
+except BlockingIOError:
+    pass
+print(f"install.sh: another install.sh is installing into {sys.argv[1]}: waiting for it to finish (its files are "
+      f"left alone; Ctrl-C stops waiting)", flush=True)
+t0, report = time.monotonic(), 30
+try:
+    while True:
+        time.sleep(1)
+        if os.getppid() != parent:  # install.sh is gone: stop waiting for it
+            sys.exit(1)
+        try:
+            fcntl.flock(9, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() - t0 >= report:
+                print(f"install.sh: still waiting for the other install.sh ({report // 60} min {report % 60} s)",
+                      flush=True)
+                report += 30
+except KeyboardInterrupt:
+    print("install.sh: stopped waiting (SIGINT); nothing was changed", file=sys.stderr)
+    sys.exit(130)
+print("install.sh: the other install.sh has finished; going on", flush=True)
+PY
 fi
 
 run() {
@@ -183,6 +228,9 @@ remove_partial() {  # $1: why; what this run created and has not completed
 }
 on_signal() {  # $1: signal name, $2: exit code
     trap '' HUP INT TERM
+    if [ "$created_runtime" = 1 ] || [ "$created_venv" = 1 ]; then
+        printf 'install.sh: SIG%s: stopping pip and removing what this run began (a large venv takes a while)...\n' "$1" >&2
+    fi
     # between pip's fork and `pip_pid=$!` the pid is only in $! (a new one: not the last pip's)
     if [ -z "$pip_pid" ] && [ "$pip_starting" = 1 ] && [ "${!:-}" != "$pid_before" ]; then
         pip_pid=${!:-}
@@ -202,7 +250,7 @@ pip_install() {  # pip_install ARGS...: hash-checked unless --unlocked; a failur
     log=$(mktemp)
     pid_before=${!:-}
     pip_starting=1
-    "$vpy" -m pip install --disable-pip-version-check -q "$@" >"$log" 2>&1 &
+    "$vpy" -m pip install --disable-pip-version-check --progress-bar off "$@" >"$log" 2>&1 &
     pip_pid=$!
     pip_starting=0
     pip_rc=0
@@ -214,7 +262,9 @@ pip_install() {  # pip_install ARGS...: hash-checked unless --unlocked; a failur
         sleep 1
         pip_now=$(( $(date +%s) - pip_started ))
         if [ "$pip_now" -ge "$pip_next" ]; then
-            say "pip is still installing ($((pip_now / 60)) min $((pip_now % 60)) s; $(du -sm "$venv" 2>/dev/null | cut -f1) MB in $venv so far)"
+            # pip's last line says what it is on (Collecting / Downloading NAME (SIZE) / Installing ...)
+            pip_doing=$(grep -v '^ *$' "$log" 2>/dev/null | tail -n 1 | cut -c1-160)
+            say "pip is still installing ($((pip_now / 60)) min $((pip_now % 60)) s; $(du -sm "$venv" 2>/dev/null | cut -f1) MB in $venv so far)${pip_doing:+; pip: $pip_doing}"
             pip_next=$((pip_next + 30))
         fi
     done
@@ -253,7 +303,12 @@ else
     fi
     created_venv=1
     run rm -rf "$venv"
-    run mkdir -p "$runtime"
+    if [ "$mode" = install ]; then
+        mkdir -p "$runtime" 2>/dev/null \
+            || refuse "cannot create $runtime: choose a writable place with --prefix DIR, and --bin-dir DIR for the CLI link"
+    else
+        say "would run: mkdir -p $runtime"
+    fi
     run "$python" -m venv "$venv"
     if [ $unlocked -eq 1 ]; then
         run pip_install "$engine==$pin"
@@ -297,7 +352,8 @@ fi
 "$venv/bin/$cli" patch verify --python "$vpy"
 
 if ! link_ok; then
-    mkdir -p "$bin_dir"
+    { mkdir -p "$bin_dir" 2>/dev/null && [ -w "$bin_dir" ]; } \
+        || refuse "the runtime $runtime is installed and verified, but $bin_dir is not writable for the CLI link: run again with --bin-dir DIR (a directory on your PATH), or use $venv/bin/$cli"
     tmp_link="$bin_dir/.$cli.tmp.$$"
     ln -s "$venv/bin/$cli" "$tmp_link"
     mv -f "$tmp_link" "$bin_dir/$cli"  # rename(2): the old link is replaced atomically

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -313,6 +314,8 @@ def test_a_signal_during_pip_stops_it_and_removes_the_half_built_runtime(tmp_pat
     code = {"SIGTERM": 143, "SIGINT": 130, "SIGHUP": 129}[sig]
     assert proc.returncode == code, (proc.returncode, err)
     assert f"interrupted by {sig}" in err and "nothing was installed" in err, err
+    # issue 43 item 1: it says what it does before the removal, which takes a while on a large venv
+    assert f"install.sh: {sig}: stopping pip and removing what this run began" in err, err
     assert runtime is None, list(prefix.iterdir())  # the runtime this run began is gone
     deadline = time.monotonic() + 30
     while _alive(pip) and time.monotonic() < deadline:
@@ -369,3 +372,74 @@ def test_a_silent_pip_gets_a_progress_line_every_30_s(tmp_path):
     assert "a progress line every 30 s" in out
     lines = [line for line in out.splitlines() if "pip is still installing" in line]
     assert lines and " MB in " in lines[0] and lines[0].startswith("install.sh: pip is still installing (0 min 3"), out
+    # issue 43 item 1: and what pip is on (its own last line: here, the index it waits for), not only a size
+    assert re.search(r"; pip: Looking in (indexes|links): \S+$", lines[0]), lines[0]  # links: a PIP_FIND_LINKS
+
+
+def _install(prefix: Path, tmp_path: Path, index: str) -> subprocess.Popen:
+    import signal
+
+    env = {**os.environ, "PIP_INDEX_URL": index, "PIP_CONFIG_FILE": os.devnull, "PIP_DEFAULT_TIMEOUT": "600",
+           "PIP_RETRIES": "0", "PIP_NO_CACHE_DIR": "1", "HOME": str(tmp_path)}
+    return subprocess.Popen(["sh", str(INSTALL), "--unlocked", "--python", sys.executable, "--prefix", str(prefix),
+                             "--bin-dir", str(tmp_path / "bin")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+
+
+def _wait_for(what, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.3)
+    return None
+
+
+def test_a_second_install_into_one_prefix_waits_for_the_first(tmp_path):
+    """Issue 43 item 1: a second run used to rm -rf the venv the first one's pip was writing (the first then failed,
+    blaming pip). Now it waits for the first, saying so, touches none of its files, and goes on once it ends."""
+    import signal
+
+    srv, index = _silent_index()
+    prefix = tmp_path / "rt"
+    first = second = None
+    try:
+        first = _install(prefix, tmp_path, index)
+        pip = _wait_for(lambda: _pip_of(first.pid))  # its venv is there and its pip is writing into it
+        assert pip is not None, first.poll()
+        venv = next(prefix.glob("sglang-*/venv"))
+        inode = venv.stat().st_ino
+        second = _install(prefix, tmp_path, index)
+        line = second.stdout.readline()
+        assert line.startswith(f"install.sh: another install.sh is installing into {prefix}: waiting for it"), line
+        check = run(["--check", "--unlocked", "--python", sys.executable, "--prefix", str(prefix), "--bin-dir",
+                     str(tmp_path / "bin")])  # a report takes no lock, and says an install is under way
+        assert check.returncode == 1 and f"an install.sh is installing into {prefix} right now" in check.stdout
+        time.sleep(2)  # the second keeps waiting: the first's venv and pip are as they were
+        assert second.poll() is None and _alive(pip) and venv.stat().st_ino == inode
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(120) == 143
+        line = second.stdout.readline()
+        assert line == "install.sh: the other install.sh has finished; going on\n", line
+        assert _wait_for(lambda: _pip_of(second.pid)) is not None, second.poll()  # its own install now
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(120) == 143
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        srv.close()
+
+
+def test_an_unwritable_prefix_is_refused_naming_the_options(tmp_path):
+    """Issue 43 item 1: a read-only HOME (here: a prefix below a regular file, which no user can create) is a
+    refusal that names --prefix and --bin-dir, not a shell error; nothing is written."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = run(["--unlocked", "--python", sys.executable, "--prefix", str(blocker / "rt"), "--bin-dir",
+             str(tmp_path / "bin")])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"refusing: cannot write to {blocker}/rt" in r.stderr and "--prefix DIR" in r.stderr \
+        and "--bin-dir DIR" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -45,7 +45,9 @@ def render_systemd(*, name: str, description: str, user: str, group: str | None,
         f"WorkingDirectory={systemd_quote(workdir)}\n"
         f"{env_lines}"
         f"ExecStart={' '.join(systemd_quote(a) for a in exec_argv)}\n"
-        "Restart=on-failure\n"
+        # always, not on-failure: a launcher may exit 0 after its engine died (vLLM's API server does when its
+        # engine core is killed); a `systemctl stop` is never restarted either way
+        "Restart=always\n"
         "RestartSec=10\n"
         "TimeoutStopSec=90\n"  # the engine drains and frees ~90 GB of unified memory
         "KillMode=control-group\n"  # scheduler and detokenizer children die with the unit

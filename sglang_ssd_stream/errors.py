@@ -16,6 +16,7 @@ EXIT_LOCKED = 5  # another installer holds the lock
 EXIT_PENDING = 6  # status/verify: an interrupted patch command left its journal; `patch recover` finishes it
 EXIT_CHANGED = 7  # the change was made (past the commit point), but the command did not end normally: a
 #                   signal, an unwritable stdout or a failed final check came after it; run `patch verify`
+EXIT_ENGINE_ENDED = 8  # serve: the engine ended by itself with status 0 (an engine process died; a unit restarts it)
 EXIT_USAGE = 64  # bad command line (EX_USAGE)
 
 

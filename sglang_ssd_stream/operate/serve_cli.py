@@ -1,5 +1,6 @@
 """``serve``: run the engine with a launch profile (the model from ``--model`` or the data dir's state.json;
-preflight, then exec); ``--dry-run`` prints the command and every finding a real serve would refuse on."""
+preflight, then the engine as a child: :mod:`.supervise`); ``--dry-run`` prints the command and every finding a
+real serve would refuse on."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from .cli_common import add_mtp_args, launch_profile, read_api_key
 
 
 def add_serve_command(subparsers, side, names) -> argparse.ArgumentParser:
-    s = subparsers.add_parser("serve", help="run the engine with a launch profile (preflight, then exec)",
-                              allow_abbrev=False)
+    s = subparsers.add_parser("serve", allow_abbrev=False,
+                              help="run the engine with a launch profile (preflight, then the engine as a child: its "
+                                   "death is a non-zero exit)")
     s.add_argument("--profile", required=True, choices=names)
     s.add_argument("--model", help="model directory (default: the snapshot in the data dir's state.json)")
     if side.draft_option:
@@ -83,8 +85,12 @@ def cmd_serve(args, exec_fn=None) -> int:
     preflight(args.side, profile, model, draft if profile.needs_draft else None, launch.env, launch.argv)
     sys.stdout.flush()
     sys.stderr.flush()
-    (exec_fn or os.execvpe)(launch.argv[0], launch.argv, launch.env)
-    return EXIT_OK  # only reached with an injected exec
+    if exec_fn is not None:  # tests: what would run
+        exec_fn(launch.argv[0], launch.argv, launch.env)
+        return EXIT_OK
+    from .supervise import supervise
+
+    return supervise(launch.argv[0], launch.argv, launch.env)
 
 
 def _exposure_finding(host: str, api_key: str | None, allow_unauthenticated: bool):

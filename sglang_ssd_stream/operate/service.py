@@ -50,7 +50,9 @@ def render_systemd(*, name: str, description: str, user: str, group: str | None,
         "Restart=always\n"
         "RestartSec=10\n"
         "TimeoutStopSec=90\n"  # the engine drains and frees ~90 GB of unified memory
-        "KillMode=control-group\n"  # scheduler and detokenizer children die with the unit
+        # SIGTERM to serve alone, which passes it to the engine's process group once (operate/supervise.py); after
+        # TimeoutStopSec every process left in the unit's cgroup gets SIGKILL: none outlives the unit
+        "KillMode=mixed\n"
         "LimitMEMLOCK=infinity\n"  # pinned host buffers (PLE staging, CUDA graphs)
         "StandardOutput=journal\n"
         "StandardError=journal\n"

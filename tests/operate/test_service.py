@@ -33,7 +33,7 @@ def test_systemd_unit_matches_writeup(capsys):
         "WorkingDirectory=/home/nvidia\nEnvironment=HOME=/home/nvidia\n"
         "ExecStart=/home/nvidia/.local/bin/sglang-ssd-stream serve --profile thor --model /home/nvidia/models/Q "
         "--host 127.0.0.1 --mtp on --served-name Qwen/Qwen3.6-27B-NVFP4\n"
-        "Restart=always\nRestartSec=10\nTimeoutStopSec=90\nKillMode=control-group\nLimitMEMLOCK=infinity\n"
+        "Restart=always\nRestartSec=10\nTimeoutStopSec=90\nKillMode=mixed\nLimitMEMLOCK=infinity\n"
         "StandardOutput=journal\nStandardError=journal\nSyslogIdentifier=qwen38-ssd-stream\n\n"
         "[Install]\nWantedBy=multi-user.target\n")
 

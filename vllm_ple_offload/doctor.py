@@ -505,7 +505,23 @@ def diagnose(environ: Mapping[str, str], *, argv: Sequence[str] | None = None, n
     return Diagnosis(settings, None, facts, findings)
 
 
+def check_device() -> Finding:
+    """``serve``'s device check, as the SGLang side's: the kit's vLLM profiles serve on CUDA GPUs, and on a host
+    without one ``vllm serve`` stops after the preflight with "Failed to infer device type" (a CPU platform is
+    what the kit's CPU tests run vLLM on, never a profile's launch). Not in :func:`diagnose`: the plugin's own
+    start-up checks run on those CPU servers."""
+    from vllm.platforms import current_platform
+
+    name = type(current_platform).__name__
+    if current_platform.is_cuda_alike():
+        return Finding(OK, "device", f"{name}: a CUDA GPU")
+    return Finding(ERROR, "device", f"vLLM finds no CUDA GPU here (its platform is {name}): the launch profiles "
+                   f"serve on CUDA GPUs, and vllm serve would stop with \"Failed to infer device type\"",
+                   "run on the GPU host; check the driver with nvidia-smi and that this venv's torch is a CUDA build")
+
+
 def preflight(*, profile: str, model: str, draft: str | None, env: Mapping[str, str],
               argv=()) -> list[Finding]:
-    """``serve``'s seam (``side.preflight``): :func:`diagnose` on the launch environment and line."""
-    return diagnose(env, argv=list(argv)).findings
+    """``serve``'s seam (``side.preflight``): the device, then :func:`diagnose` on the launch environment and
+    line."""
+    return [check_device(), *diagnose(env, argv=list(argv)).findings]

@@ -70,7 +70,22 @@ def test_dry_run_shows_the_streamed_backend_refused_under_full_graphs(vllm, mode
     assert "# [error] cudagraph_mode: cudagraph_mode=FULL_DECODE_ONLY: pread PLE backend" in report
     assert "# [ok] sidecar_sha" not in report  # serve leaves the 47 GiB hash to the plugin and its cache
     assert "# [ok] fetch_round: " in report and "# [warning] uva: CpuPlatform" in report
-    assert lines[-1] == "# a real serve would refuse here: 1 error(s) above"
+    # issue 43 item 3: this CPU box has no CUDA GPU, which the profiles need: said before vLLM would say it
+    assert "# [error] device: vLLM finds no CUDA GPU here (its platform is CpuPlatform)" in report
+    assert lines[-1] == "# a real serve would refuse here: 2 error(s) above"
+
+
+def test_serve_on_a_host_without_a_gpu_is_refused_naming_it(vllm, model, sidecar):
+    """Issue 43 item 3: the preflight refuses a host without a CUDA GPU, naming it first (before: no finding said
+    so, and where nothing else was refused vllm serve stopped with "Failed to infer device type"), as the SGLang
+    side does."""
+    r = serve(vllm, "--profile", "a100x4", "--model", str(model), VLLM_PLE_OFFLOAD_BACKEND="pread",
+              VLLM_PLE_SIDECAR=str(sidecar), VLLM_PLE_ALLOW_UNPATCHED="1")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "doctor refused the launch:" in r.stderr and "Traceback" not in r.stderr
+    assert "[error] device: vLLM finds no CUDA GPU here (its platform is CpuPlatform): the launch profiles serve " \
+        "on CUDA GPUs" in r.stderr
+    assert "fix: run on the GPU host; check the driver with nvidia-smi" in r.stderr
 
 
 def test_serve_refuses_before_exec(vllm, model, sidecar):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -261,3 +262,28 @@ def test_build_view_out_is_a_real_option_and_prefixes_are_refused(snaps, tmp_pat
         main(["model", "build-view", "--dense", str(dense), "--prepared", str(prepared), "--outp", str(tmp_path / "x")])
     assert exc.value.code == EXIT_USAGE and not (tmp_path / "x").exists()
     assert "required: -o/--out/--output" in capsys.readouterr().err  # --outp is no abbreviation of anything
+
+
+def test_a_checkpoint_of_ones_own_keeps_its_mtp_draft(snaps, tmp_path):
+    """Issue 43 item 4 (the README's path (b)): `sidecar build` writes only the tables, so the draft stays in the
+    checkpoint (--dense); the view links it from there (before: silently left out, and MTP could not start)."""
+    dense, prepared, _ = snaps
+    shutil.rmtree(prepared / "mtp")
+    (dense / "mtp").mkdir()
+    (dense / "mtp" / "model.safetensors").write_bytes(b"mtp")
+    view = tmp_path / "view"
+    build_view(dense, prepared, view)
+    assert (view / "mtp").is_symlink() and os.path.samefile(view / "mtp", dense / "mtp")
+
+
+def test_a_single_file_checkpoint_says_how_to_proceed(snaps, tmp_path):
+    """Issue 43 item 4: no index to rewrite; the refusal says what to do instead (the sidecar knob, or a sharded
+    save), not only that an index is missing."""
+    dense, prepared, _ = snaps
+    os.unlink(dense / "model.safetensors.index.json")
+    (dense / "model.safetensors").write_bytes(b"x")
+    r = cli("build-view", "--dense", str(dense), "--prepared", str(prepared), "-o", str(tmp_path / "view"))
+    assert r.returncode != EXIT_OK and "Traceback" not in r.stderr
+    assert f"{dense} is a single-file checkpoint" in r.stderr and f"SGLANG_SSD_STREAM_SIDECAR={prepared}" in \
+        r.stderr and "VLLM_PLE_SIDECAR" in r.stderr and "max_shard_size" in r.stderr, r.stderr
+    assert not (tmp_path / "view").exists()

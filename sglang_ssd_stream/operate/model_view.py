@@ -149,6 +149,13 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
     manifest = load_sidecar(prepared)  # sizes checked; sha256 is the engine's job
     old_marker = _check_output(out)
 
+    if not (dense / INDEX_NAME).exists() and (dense / "model.safetensors").is_file():
+        raise ModelViewError(
+            f"{dense} is a single-file checkpoint (model.safetensors, no {INDEX_NAME}): a view leaves the PLE shards "
+            f"out of an index, and there is none. Serve {dense} itself with the sidecar instead "
+            f"(SGLANG_SSD_STREAM_SIDECAR={prepared}, or VLLM_PLE_SIDECAR for vLLM: the plugin binds the PLE layers to "
+            f"it), or save the checkpoint sharded with an index (transformers: save_pretrained(max_shard_size=...)) "
+            f"and build the view from that")
     index = _read_index(dense / INDEX_NAME)
     wm = index["weight_map"]
     kept = {n: f for n, f in wm.items() if not SHARD_TENSOR.search(n)}
@@ -177,6 +184,8 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
         raise ModelViewError(f"{SCALE_FILE_NAME} is indexed but missing from {prepared}")
     if (prepared / MTP_DIR).is_dir():
         plan[MTP_DIR] = prepared / MTP_DIR
+    elif (dense / MTP_DIR).is_dir():  # a checkpoint of one's own: its draft sits beside its shards
+        plan[MTP_DIR] = dense / MTP_DIR
 
     parent = out.parent
     try:

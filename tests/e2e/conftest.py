@@ -40,6 +40,7 @@ TRUNCATION_PROMPTS = {"over": 275, "near": 252}
 TRUNCATION_MAX_TOKENS = 8
 # Greedy PLE probes: token-id prompts of three lengths (one prefill chunk each), 16 tokens out.
 PLE_PROMPTS = (24, 97, 180)
+QWEN4_COPY_BIAS = 0.5  # models.py:make_qwen4_exp says why and how much
 
 
 def pytest_collection_modifyitems(items):
@@ -206,7 +207,9 @@ def qwen4_model(e2e_root) -> Path:
     """The tiny qwen4_exp with its NEXTN draft in ``mtp/``, as the real checkpoint ships it."""
     from .models import make_qwen4_exp, write_mtp_draft
 
-    model = make_qwen4_exp(e2e_root / "qwen4_exp")
+    # a target that sometimes repeats a token: the draft (which proposes the token just emitted) is then
+    # accepted part of the time, so MTP on equals MTP off is proven through the accept path too
+    model = make_qwen4_exp(e2e_root / "qwen4_exp", copy_bias=QWEN4_COPY_BIAS)
     write_mtp_draft(model)
     return model
 
@@ -300,7 +303,7 @@ def greedy_runs(server: SglangServer) -> list[dict]:
                      "logprobs": [entry[0] for entry in meta["output_token_logprobs"]],
                      "logprob_ids": [entry[1] for entry in meta["output_token_logprobs"]],
                      "finish_reason": meta["finish_reason"], "spec_verify_ct": meta.get("spec_verify_ct"),
-                     "seconds": seconds})
+                     "spec_num_correct_drafts": meta.get("spec_num_correct_drafts"), "seconds": seconds})
     return runs
 
 

@@ -76,11 +76,17 @@ def qwen4_exp_text_config(vocab: dict[str, int]) -> dict:
     )
 
 
-def make_qwen4_exp(out: Path) -> Path:
+def make_qwen4_exp(out: Path, *, copy_bias: float = 0.0) -> Path:
     """The tiny qwen4_exp, in bf16 (sglang offloads only bf16 PLE tables by default).
 
     It is a vision-language checkpoint like the real one (sglang builds its processor at start), with a
-    one-block vision tower that no test feeds."""
+    one-block vision tower that no test feeds.
+
+    ``copy_bias`` (issue 37 item 5) adds that multiple of the input embedding to the output layer
+    (``lm_head += copy_bias * embed_tokens``), so the target sometimes repeats the token it has just read: the
+    random model never does on its own (0 repeats in the sglang suite's greedy outputs), so ``write_mtp_draft``'s
+    repeat draft was never accepted. 0.5 gave 6 repeats in the 48 greedy tokens (transformers, this CPU), none
+    longer than a pair; 1.0 already loops on one token. 0 (the default) writes the same bytes as before."""
     import torch
     from transformers import (
         Qwen2VLImageProcessor,
@@ -104,6 +110,10 @@ def make_qwen4_exp(out: Path) -> Path:
         for name, p in model.named_parameters():
             if ".ple." in name and p.dim() >= 2 and not p.any():
                 p.normal_(0.0, 0.05)
+        if copy_bias:
+            head = model.lm_head.weight
+            embed = model.get_input_embeddings().weight
+            head.copy_((head.float() + copy_bias * embed.float()).to(head.dtype))
     model.save_pretrained(out)
     meta = json.loads((out / "config.json").read_text())
     # sglang reads the interval of the full-attention layers; transformers drops it once layer_types is given
@@ -135,7 +145,9 @@ def write_mtp_draft(model: Path, seed: int = 1, *, repeat_draft: bool = True) ->
     ``fc_hidden`` is the identity, and its final mixer is the target's own (copied). It then maps the target's
     multi-stream state at position p (scaled by the ``pre_fc_norm_hidden`` RMSNorm, which the mixer's per-branch
     norm undoes) to the target's sampled stream at p, whose argmax is the token just emitted; it is accepted
-    wherever the target repeats a token."""
+    wherever the target repeats a token. In sglang it proposes exactly that token, but the random target never
+    repeats one on the suite's prompts (checked by logging the verify step's candidates against the target's
+    argmax), so the sglang suite's target is written with ``copy_bias``; the vLLM suite's is not."""
     import shutil
 
     import torch

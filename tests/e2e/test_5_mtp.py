@@ -79,6 +79,34 @@ def test_speculative_decoding_ran_with_accept_counts(qwen4_mtp_ram):
         assert sc.pid_lines(rf"ran {re.escape(op)}", SCHEDULER), op
 
 
+@pytest.mark.parametrize("name", ["qwen4_mtp_ram", "qwen4_mtp_sidecar"])
+def test_some_drafts_are_accepted_and_some_rejected(request, name):
+    """Issue 37 item 5: the draft proposes the token just emitted and the target (written with ``copy_bias``)
+    repeats some tokens, so the greedy equalities below cover the accept path (the KV and GDN state resumed
+    from an accepted draft's slot) as well as the reject path."""
+    sc = request.getfixturevalue(name)
+    runs = sc.results["greedy"]
+    proposed = draft_steps() * sum(run["spec_verify_ct"] for run in runs)
+    correct = sum(run["spec_num_correct_drafts"] for run in runs)
+    assert 0 < correct < proposed, runs
+    # each verify pass commits its accepted drafts and the target's own next token; the prefill, the first token
+    for run in runs:
+        committed = 1 + run["spec_verify_ct"] + run["spec_num_correct_drafts"]
+        assert MAX_TOKENS <= committed <= MAX_TOKENS + draft_steps(), run
+    assert any(run["spec_verify_ct"] < MAX_TOKENS - 1 for run in runs), runs  # fewer passes than decoded tokens
+    # and the outputs compared below are no single token repeated: the repeats are a few pairs
+    for run in runs:
+        assert len(set(run["output_ids"])) > MAX_TOKENS // 2, run
+
+
+def test_the_scheduler_logged_accepted_drafts(qwen4_mtp_ram):
+    """The scheduler's own counters agree (its decode lines cover every request, not only the greedy ones)."""
+    decode = _lines(qwen4_mtp_ram, r"Decode batch, .*accept len: [\d.]+, accept rate: [\d.]+")
+    pairs = [tuple(float(x) for x in re.search(r"accept len: ([\d.]+), accept rate: ([\d.]+)", line).groups())
+             for line in decode]
+    assert any(n > 1.0 and rate > 0.0 for n, rate in pairs), decode
+
+
 # ----------------------------------------------------------------------------- item 3: greedy unchanged
 
 

@@ -220,6 +220,7 @@ def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Re
         if dry_run or not writes:
             report.files = files
             return report
+        report.actions.clear()  # planned again below on the files the transaction holds: each said once
     with Transaction(target.site_packages, manifest, create=True) as txn:
         _recover_first(report, txn)
         with _after_recovery(report):
@@ -279,6 +280,7 @@ def revert(target: Target, root: Path | None = None, dry_run: bool = False) -> R
         if dry_run or not writes:
             report.files = files
             return report
+        report.actions.clear()  # planned again below on the files the transaction holds: each said once
     with Transaction(target.site_packages, manifest) as txn:
         _recover_first(report, txn)
         with _after_recovery(report):

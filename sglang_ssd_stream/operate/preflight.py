@@ -13,7 +13,7 @@ import os
 import sys
 
 from ..errors import KitError
-from ..findings import ERROR, OK, WARNING, Finding, errors_of, refusal_text
+from ..findings import ERROR, LEVELS, OK, WARNING, Finding, errors_of, refusal_text
 from .errors import ServeRefused
 
 REFUSAL_HEADLINE = "doctor refused the launch:"
@@ -69,7 +69,11 @@ def findings_for(side, profile, model: str, draft: str | None, env: dict, argv=(
                  report_errors: bool = False) -> list[Finding]:
     """Our file checks, then the adapter's doctor (skipped when the model directory is unusable)."""
     found = file_findings(profile, model, draft, env)
-    return found + run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)
+    doctor = run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)
+    # SGLang's doctor loads the model's config and sidecar again: a check made above is said once, unless
+    # the doctor's verdict is worse (its sidecar may be a knob's other file)
+    ours = {f.check: LEVELS.index(f.level) for f in found}
+    return found + [f for f in doctor if f.check not in ours or LEVELS.index(f.level) < ours[f.check]]
 
 
 def preflight(side, profile, model: str, draft: str | None, env: dict, argv=()) -> list[str]:

@@ -280,3 +280,28 @@ def test_patch_with_a_python_lacking_the_engine_names_the_install(capsys):
     err = capsys.readouterr().err
     assert rc == EXIT_ENVIRONMENT
     assert "cannot import vllm: it is not the vllm runtime" in err and "./install.sh --engine vllm" in err, err
+
+
+def test_every_docs_reference_in_a_message_names_a_page_and_section_that_exist():
+    """Issue 43 item 6: the vLLM doctor's settings fix pointed at "README: vLLM", a section the README lacks.
+    A message points at docs/<page>.md#<anchor>; the page must exist and hold a heading with that anchor."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def anchor(heading: str) -> str:  # GitHub's: lower case, punctuation dropped, spaces to hyphens
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    refs, stale = [], []
+    for src in [*(repo / "sglang_ssd_stream").rglob("*.py"), *(repo / "vllm_ple_offload").rglob("*.py")]:
+        text = src.read_text()
+        stale += [f"{src.name}: {m}" for m in re.findall(r"\(README: [^)]*\)", text)]
+        refs += [(src.name, page, frag) for page, frag in re.findall(r"docs/([\w.-]+\.md)#([\w-]+)", text)]
+    assert not stale, stale
+    assert any(page == "configuration.md" for _, page, _ in refs)  # the vLLM doctor's settings fix
+    for name, page, frag in refs:
+        doc = repo / "docs" / page
+        assert doc.is_file(), (name, page)
+        headings = {anchor(line.lstrip("#")) for line in doc.read_text().splitlines() if line.startswith("#")}
+        assert frag in headings, (name, page, frag, sorted(headings))

@@ -305,3 +305,37 @@ def test_every_docs_reference_in_a_message_names_a_page_and_section_that_exist()
         assert doc.is_file(), (name, page)
         headings = {anchor(line.lstrip("#")) for line in doc.read_text().splitlines() if line.startswith("#")}
         assert frag in headings, (name, page, frag, sorted(headings))
+
+
+def _cli(tmp_path, *argv):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run([sys.executable, "-m", "sglang_ssd_stream", *argv], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize("verb", [["plan", "--profile", "discrete-gpu"], ["doctor"]])
+def test_a_missing_model_folder_is_named_not_taken_for_a_hub_repo_id(tmp_path, verb):
+    """Issue 43 item 6: transformers took the missing path for a hub repo id and advised on its name."""
+    missing = tmp_path / "no-such-model"
+    r = _cli(tmp_path, *verb, "--model", str(missing))
+    assert r.returncode in (2, 3) and "Traceback" not in r.stderr, r.stderr
+    said = r.stdout + r.stderr
+    assert f"{missing}: no such directory" in said and "Repo id" not in said, said
+
+
+def test_plan_takes_the_model_config_json_as_its_help_says_and_refuses_another_file(tmp_path):
+    """Issue 43 items 2 and 6: ``--model <dir>/config.json`` (the help's "or its config.json") plans as the
+    folder does; another file is refused, naming what --model takes."""
+    model = write_model(tmp_path / "model")
+    by_dir = _cli(tmp_path, "plan", "--profile", "discrete-gpu", "--model", str(model), "--json")
+    by_file = _cli(tmp_path, "plan", "--profile", "discrete-gpu", "--model", str(model / "config.json"), "--json")
+    assert by_dir.returncode == by_file.returncode == EXIT_OK, (by_dir.stderr, by_file.stderr)
+    assert json.loads(by_file.stdout) == json.loads(by_dir.stdout)
+    other = _cli(tmp_path, "plan", "--profile", "discrete-gpu", "--model", str(model / "ssd-stream.json"))
+    assert other.returncode == 3 and "Traceback" not in other.stderr, other.stderr
+    assert "is a file: pass the model's folder or its config.json" in other.stderr

@@ -67,7 +67,8 @@ def test_the_doctor_refuses_what_the_plugin_refuses(vllm, bad):
     assert r.returncode == 2, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert finding(doc, "settings") == {"level": "error", "check": "settings", "message": parsed.value.message,
-                                        "fix": "fix the VLLM_PLE_* variables (docs/configuration.md#vllm-side-vllm_ple_offload)"}
+                                        "fix": "fix the VLLM_PLE_* variables "
+                                               "(docs/configuration.md#vllm-side-vllm_ple_offload)"}
     assert doc["settings"]["error"] == parsed.value.message and doc["settings"]["plugin_enabled"] is False
     plugin = subprocess.run([vllm.python, "-c", "import vllm.plugins; vllm.plugins.load_general_plugins()"],
                             capture_output=True, text=True, env=vllm.env(bad), timeout=600)

@@ -14,6 +14,7 @@ import sys
 
 from ..errors import KitError
 from ..findings import ERROR, LEVELS, OK, WARNING, Finding, errors_of, refusal_text
+from ..paths import HOME_ENV, name_too_long
 from .errors import ServeRefused
 
 REFUSAL_HEADLINE = "doctor refused the launch:"
@@ -37,6 +38,11 @@ def file_findings(profile, model: str, draft: str | None, env: dict | None = Non
         if found.level == OK and (check == "model_config" or profile.needs_draft):
             loaded = engine_config_finding(path, check)
             out += [loaded] if loaded else []
+    home = (os.environ if env is None else env).get(HOME_ENV)
+    too_long = home and name_too_long(home)
+    if too_long:  # the engine's plugin would stop at its first use of the kit's data directory
+        out.append(Finding(ERROR, "kit_home", f"{HOME_ENV}: {too_long}", f"set {HOME_ENV} to a shorter path, or "
+                           f"unset it for ~/.cache/sglang-ssd-stream"))
     if profile.needs_sidecar and out[0].level == OK:
         from ..sidecar.view import engine_trusted_roots, load_sidecar
 

@@ -122,3 +122,42 @@ def test_a_bad_path_is_refused_without_a_traceback(tmp_path, cli, path, parser, 
     assert r.returncode in EXIT_CODES, shown
     if kind == "home_too_long" and "SGLANG_SSD_STREAM_HOME" in r.stderr:
         assert "OS limit" in r.stderr, shown  # named with the reason, not a bare ENAMETOOLONG
+
+
+def _run(tmp_path, *argv, env_extra=None):
+    env = {**os.environ, "HOME": str(tmp_path), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "sglang_ssd_stream", *argv], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=300, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("where", ["parent_is_a_file", "a_folder", "proc"])
+def test_service_output_that_cannot_be_written_is_named_with_exit_4(tmp_path, where):
+    """The docs' ``-o /etc/systemd/system/…`` as a non-root user: simulated as root by places root cannot write."""
+    from .conftest import write_model
+
+    model = write_model(tmp_path / "model")
+    (tmp_path / "a-file").write_text("x")
+    out = {"parent_is_a_file": str(tmp_path / "a-file" / "qwen38.service"), "a_folder": str(tmp_path),
+           "proc": "/proc/sglang-ssd-stream-test/qwen38.service"}[where]
+    r = _run(tmp_path, "service", "--profile", "discrete-gpu", "--model", str(model), "--user", "root", "-o", out)
+    assert r.returncode == errors.EXIT_ENVIRONMENT and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot write {out}: " in r.stderr and "nothing was written" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("argv", [["doctor"], ["sidecar", "verify", "{model}"],
+                                  ["serve", "--profile", "discrete-gpu", "--model", "{model}", "--dry-run"]])
+def test_a_kit_home_over_the_os_limit_is_refused_naming_the_knob(tmp_path, argv):
+    from .conftest import write_model
+
+    model = str(write_model(tmp_path / "model"))
+    home = str(tmp_path / ("h" * (os.pathconf("/", "PC_NAME_MAX") + 1)))
+    r = _run(tmp_path, *[model if a == "{model}" else a for a in argv], env_extra={"SGLANG_SSD_STREAM_HOME": home})
+    assert "Traceback" not in r.stderr, r.stderr
+    if argv[0] == "serve":  # a dry run reports what a real serve refuses on, and exits 0
+        assert r.returncode == errors.EXIT_OK and "# [error] kit_home: SGLANG_SSD_STREAM_HOME: " in r.stdout, r.stdout
+        real = _run(tmp_path, *[model if a == "{model}" else a for a in argv if a != "--dry-run"],
+                    env_extra={"SGLANG_SSD_STREAM_HOME": home})
+        assert real.returncode == errors.EXIT_REFUSED and "kit_home" in real.stderr, real.stderr
+        return
+    assert r.returncode == errors.EXIT_ENVIRONMENT, r.stderr
+    assert "SGLANG_SSD_STREAM_HOME=" in r.stderr and "over the OS limit" in r.stderr, r.stderr

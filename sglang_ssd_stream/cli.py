@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from . import __version__
-from .errors import EXIT_USAGE, KitError
+from .errors import EXIT_ENVIRONMENT, EXIT_USAGE, KitError
 
 
 class Parser(argparse.ArgumentParser):
@@ -41,13 +41,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_command(tool: str, command) -> int:
+    """``command()``'s exit code; a kit error is its message and exit code, and an OSError no command
+    turned into one (a path the OS refuses: read-only, a file where a folder is expected, a name over
+    the OS limit) is exit 4 naming the errno and the path, never a traceback. Both CLIs end here."""
+    try:
+        return command()
+    except KitError as exc:
+        print(f"{tool}: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        from .patching.files import errno_text
+
+        where = f" {exc.filename}" if exc.filename is not None else ""
+        if exc.filename2 is not None:
+            where += f" -> {exc.filename2}"
+        print(f"{tool}: cannot use{where}: {errno_text(exc)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except KitError as exc:
-        print(f"sglang-ssd-stream: {exc.message}", file=sys.stderr)
-        return exc.exit_code
+    return run_command("sglang-ssd-stream", lambda: args.func(args))
 
 
 if __name__ == "__main__":

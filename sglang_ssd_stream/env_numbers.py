@@ -9,9 +9,11 @@ from __future__ import annotations
 
 def ascii_int(raw: str, *, signed: bool = False) -> int:
     """``raw`` as an integer written in ASCII digits (with ``signed``, after an optional ``-``, so that a
-    negative value is reported by the knob's range check); ValueError otherwise."""
-    digits = raw[1:] if signed and raw.startswith("-") else raw
-    if not (digits.isascii() and digits.isdigit()):
+    negative value is reported by the knob's range check); ValueError otherwise. ``-0`` is refused like
+    ``+8``: a sign that changes nothing is an odd export, and it would pass a ``0..`` range as 0."""
+    negative = signed and raw.startswith("-")
+    digits = raw[1:] if negative else raw
+    if not (digits.isascii() and digits.isdigit()) or (negative and int(digits, 10) == 0):
         raise ValueError(f"{raw!r} is not a whole number in ASCII digits")
     return int(raw, 10)
 

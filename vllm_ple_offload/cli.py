@@ -15,7 +15,7 @@ import math
 import sys
 
 from sglang_ssd_stream import __version__
-from sglang_ssd_stream.cli import Parser
+from sglang_ssd_stream.cli import Parser, run_command
 from sglang_ssd_stream.errors import KitError
 
 
@@ -148,7 +148,8 @@ def _patch_this_runtime(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def command() -> int:
         if args.command in ("doctor", "serve"):  # both run vLLM's checks: without vLLM, say so (exit 4)
             from .doctor import require_vllm
 
@@ -156,9 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "patch" and args.verb != "drift" and not (args.python or args.site_packages):
             return _patch_this_runtime(args)
         return args.func(args)
-    except KitError as exc:
-        print(f"vllm-ple-offload: {exc.message}", file=sys.stderr)
-        return exc.exit_code
+
+    return run_command("vllm-ple-offload", command)
 
 
 if __name__ == "__main__":

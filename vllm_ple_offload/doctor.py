@@ -74,7 +74,7 @@ CAP_SYS_PTRACE = 19
 L4T_VERIFIED = {(39, 2): "write-up 003 (vLLM, JetPack 7.2)"}  # the Jetson releases a write-up ran vLLM on
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch >= 2.9 reads both
 INSTALL_FIX = "./install.sh --engine vllm"  # the vLLM runtime (side.install_hint)
-SETTINGS_FIX = f"fix the {env.PREFIX}* variables (README: vLLM)"
+SETTINGS_FIX = f"fix the {env.PREFIX}* variables (docs/configuration.md#vllm-side-vllm_ple_offload)"
 SIDECAR_FIX = (f"point {env.SIDECAR} at the ssd-stream.json that `sglang-ssd-stream sidecar build` wrote, with "
                f"every table beside it at its full size (`sglang-ssd-stream sidecar verify DIR` checks it)")
 

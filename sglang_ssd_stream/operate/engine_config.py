@@ -20,6 +20,14 @@ def engine_config_finding(path: str | os.PathLike, check: str = "model_config") 
         from transformers import AutoConfig
     except ImportError:
         return None
+    # checked first: transformers takes a path that is not a folder for a hub repo id and advises on its name
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.lexists(path) else "no such directory"
+        return Finding(ERROR, check, f"{path}: {what}; the model is a folder holding config.json",
+                       "pass the model view's folder (sglang-ssd-stream model fetch builds it)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return Finding(ERROR, check, f"{path} has no config.json",
+                       "pass the model view's folder (sglang-ssd-stream model fetch builds it)")
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever the engine's loader raises is the refusal to report

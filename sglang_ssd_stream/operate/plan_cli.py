@@ -86,9 +86,22 @@ def _mamba_per_request(profile, get) -> int | None:
     return mamba_slots_per_request_of(get, profile.has)
 
 
+def _model_folder(model: str) -> str:
+    """--model as the folder: ``<dir>/config.json`` (the help offers it) is its folder; another file is refused,
+    since the engine would load the folder's config.json, not that file."""
+    if os.path.isfile(model):
+        if os.path.basename(model) != "config.json":
+            from .errors import ModelConfigError
+
+            raise ModelConfigError(f"--model {model} is a file: pass the model's folder or its config.json")
+        return os.path.dirname(os.path.abspath(model))
+    return model
+
+
 def cmd_plan(args) -> int:
     from .capacity import load_geometry, plan, row_cache_budget
 
+    args.model = _model_folder(args.model)
     profile = launch_profile(args)
     d = _profile_defaults(profile)
     for key in ("context_length", "pool_tokens", "running", "draft_steps", "mamba_slots", "target_kv_dtype",

@@ -13,7 +13,8 @@ import os
 import sys
 
 from ..errors import KitError
-from ..findings import ERROR, OK, WARNING, Finding, errors_of, refusal_text
+from ..findings import ERROR, LEVELS, OK, WARNING, Finding, errors_of, refusal_text
+from ..paths import HOME_ENV, name_too_long
 from .errors import ServeRefused
 
 REFUSAL_HEADLINE = "doctor refused the launch:"
@@ -37,6 +38,11 @@ def file_findings(profile, model: str, draft: str | None, env: dict | None = Non
         if found.level == OK and (check == "model_config" or profile.needs_draft):
             loaded = engine_config_finding(path, check)
             out += [loaded] if loaded else []
+    home = (os.environ if env is None else env).get(HOME_ENV)
+    too_long = home and name_too_long(home)
+    if too_long:  # the engine's plugin would stop at its first use of the kit's data directory
+        out.append(Finding(ERROR, "kit_home", f"{HOME_ENV}: {too_long}", f"set {HOME_ENV} to a shorter path, or "
+                           f"unset it for ~/.cache/sglang-ssd-stream"))
     if profile.needs_sidecar and out[0].level == OK:
         from ..sidecar.view import engine_trusted_roots, load_sidecar
 
@@ -69,7 +75,11 @@ def findings_for(side, profile, model: str, draft: str | None, env: dict, argv=(
                  report_errors: bool = False) -> list[Finding]:
     """Our file checks, then the adapter's doctor (skipped when the model directory is unusable)."""
     found = file_findings(profile, model, draft, env)
-    return found + run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)
+    doctor = run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)
+    # SGLang's doctor loads the model's config and sidecar again: a check made above is said once, unless
+    # the doctor's verdict is worse (its sidecar may be a knob's other file)
+    ours = {f.check: LEVELS.index(f.level) for f in found}
+    return found + [f for f in doctor if f.check not in ours or LEVELS.index(f.level) < ours[f.check]]
 
 
 def preflight(side, profile, model: str, draft: str | None, env: dict, argv=()) -> list[str]:

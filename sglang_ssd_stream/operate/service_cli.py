@@ -151,9 +151,15 @@ def _emit(text: str, output: str | None) -> None:
     if output is None:
         sys.stdout.write(text)
         return
+    from ..errors import EnvironmentProblem
+    from ..patching.files import errno_text
     from .update import write_text_atomic
 
-    write_text_atomic(output, text)
+    try:
+        write_text_atomic(output, text)
+    except OSError as exc:  # the docs' /etc/systemd/system/… as a non-root user, a read-only or odd path
+        raise EnvironmentProblem(f"cannot write {output}: {errno_text(exc)}; nothing was written (run as a user "
+                                 f"who may write there, or pick another -o)") from None
     print(f"wrote {output}", file=sys.stderr)
 
 

@@ -150,7 +150,23 @@ def run_patch_command(args: argparse.Namespace, engine_name: str) -> int:
             exc = exc_
         signum = late_signal()
         code = _report(args, engine, report, exc, signum)
+        if signum is None and late_signal() is not None:  # one that came while the report printed
+            code = _signal_while_reporting(engine, report, late_signal(), code)
     return code
+
+
+def _signal_while_reporting(engine, report, signum: int, code: int) -> int:
+    """The exit for a SIGINT/SIGTERM recorded while the outcome was printed: 7 once the change was made
+    (as for one that came before the report), 128 + signal when the command had changed nothing."""
+    name = signal.Signals(signum).name
+    if report is not None and report.committed:
+        _stderr(f"{engine.name}: {name} arrived after the commit point, while the report was printed: the "
+                f"change WAS made and is kept; run `{engine.tool} patch verify` (exit {EXIT_CHANGED})")
+        return EXIT_CHANGED
+    if code == EXIT_OK:
+        _stderr(f"{engine.name}: interrupted by {name}; nothing was changed")
+        return 128 + signum
+    return code  # already a failure's exit, which says more than the signal
 
 
 def _report(args, engine, report, exc, signum) -> int:

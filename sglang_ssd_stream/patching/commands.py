@@ -10,6 +10,7 @@ unchanged: a failed final check raises ChangedButUnfinished (exit 7).
 
 from __future__ import annotations
 
+import re
 import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -220,6 +221,7 @@ def apply(target: Target, root: Path | None = None, dry_run: bool = False) -> Re
         if dry_run or not writes:
             report.files = files
             return report
+        report.actions.clear()  # planned again below on the files the transaction holds: each said once
     with Transaction(target.site_packages, manifest, create=True) as txn:
         _recover_first(report, txn)
         with _after_recovery(report):
@@ -279,6 +281,7 @@ def revert(target: Target, root: Path | None = None, dry_run: bool = False) -> R
         if dry_run or not writes:
             report.files = files
             return report
+        report.actions.clear()  # planned again below on the files the transaction holds: each said once
     with Transaction(target.site_packages, manifest) as txn:
         _recover_first(report, txn)
         with _after_recovery(report):
@@ -316,6 +319,15 @@ def _recover_first(report: Report, txn: Transaction) -> None:
                               f"{len(report.recovered)} file(s) back to pristine first")
 
 
+_NOTHING_CHANGED = re.compile(r"[;.]?\s*nothing was changed\b[.,;]?", re.IGNORECASE)
+
+
+def _cause(message: str) -> str:
+    """An error's message as the cause of a failure that came after a change was made: without its own
+    "nothing was changed" (true of the step that failed, false of the command)."""
+    return _NOTHING_CHANGED.sub("", message).strip()
+
+
 @contextmanager
 def _after_recovery(report: Report):
     """A failure after the recovery step rolled files back must not claim that nothing was changed."""
@@ -326,7 +338,8 @@ def _after_recovery(report: Report):
             raise
         raise ChangedButUnfinished(
             f"an interrupted command's files were first rolled back to pristine ({', '.join(report.recovered)}); "
-            f"then the {report.command} failed: {exc.message.replace(ROLLED_BACK, 'its own writes were undone')}. "
+            f"then the {report.command} failed: "
+            f"{_cause(exc.message.replace(ROLLED_BACK, 'its own writes were undone'))}. "
             f"Run `{report.manifest.engine.tool} patch "
             f"{report.command}` again once the cause is gone") from None
 
@@ -340,7 +353,8 @@ def _final_check(report: Report, manifests: list[Manifest], want: str | None) ->
         if not changed:
             raise
         raise ChangedButUnfinished(f"the {report.command} was made (committed), but the final check failed: "
-                                   f"{exc.message}. Run `{report.manifest.engine.tool} patch verify`.") from None
+                                   f"{_cause(exc.message)}. Run `{report.manifest.engine.tool} patch verify`."
+                                   ) from None
     if want is not None and any(f.state != want for f in report.files):
         listing = ", ".join(f"{f.entry.path}={f.state}" for f in report.files)
         if changed:

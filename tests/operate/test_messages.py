@@ -280,3 +280,62 @@ def test_patch_with_a_python_lacking_the_engine_names_the_install(capsys):
     err = capsys.readouterr().err
     assert rc == EXIT_ENVIRONMENT
     assert "cannot import vllm: it is not the vllm runtime" in err and "./install.sh --engine vllm" in err, err
+
+
+def test_every_docs_reference_in_a_message_names_a_page_and_section_that_exist():
+    """Issue 43 item 6: the vLLM doctor's settings fix pointed at "README: vLLM", a section the README lacks.
+    A message points at docs/<page>.md#<anchor>; the page must exist and hold a heading with that anchor."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def anchor(heading: str) -> str:  # GitHub's: lower case, punctuation dropped, spaces to hyphens
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    refs, stale = [], []
+    for src in [*(repo / "sglang_ssd_stream").rglob("*.py"), *(repo / "vllm_ple_offload").rglob("*.py")]:
+        text = src.read_text()
+        stale += [f"{src.name}: {m}" for m in re.findall(r"\(README: [^)]*\)", text)]
+        refs += [(src.name, page, frag) for page, frag in re.findall(r"docs/([\w.-]+\.md)#([\w-]+)", text)]
+    assert not stale, stale
+    assert any(page == "configuration.md" for _, page, _ in refs)  # the vLLM doctor's settings fix
+    for name, page, frag in refs:
+        doc = repo / "docs" / page
+        assert doc.is_file(), (name, page)
+        headings = {anchor(line.lstrip("#")) for line in doc.read_text().splitlines() if line.startswith("#")}
+        assert frag in headings, (name, page, frag, sorted(headings))
+
+
+def _cli(tmp_path, *argv):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run([sys.executable, "-m", "sglang_ssd_stream", *argv], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize("verb", [["plan", "--profile", "discrete-gpu"], ["doctor"]])
+def test_a_missing_model_folder_is_named_not_taken_for_a_hub_repo_id(tmp_path, verb):
+    """Issue 43 item 6: transformers took the missing path for a hub repo id and advised on its name."""
+    missing = tmp_path / "no-such-model"
+    r = _cli(tmp_path, *verb, "--model", str(missing))
+    assert r.returncode in (2, 3) and "Traceback" not in r.stderr, r.stderr
+    said = r.stdout + r.stderr
+    assert f"{missing}: no such directory" in said and "Repo id" not in said, said
+
+
+def test_plan_takes_the_model_config_json_as_its_help_says_and_refuses_another_file(tmp_path):
+    """Issue 43 items 2 and 6: ``--model <dir>/config.json`` (the help's "or its config.json") plans as the
+    folder does; another file is refused, naming what --model takes."""
+    model = write_model(tmp_path / "model")
+    by_dir = _cli(tmp_path, "plan", "--profile", "discrete-gpu", "--model", str(model), "--json")
+    by_file = _cli(tmp_path, "plan", "--profile", "discrete-gpu", "--model", str(model / "config.json"), "--json")
+    assert by_dir.returncode == by_file.returncode == EXIT_OK, (by_dir.stderr, by_file.stderr)
+    assert json.loads(by_file.stdout) == json.loads(by_dir.stdout)
+    other = _cli(tmp_path, "plan", "--profile", "discrete-gpu", "--model", str(model / "ssd-stream.json"))
+    assert other.returncode == 3 and "Traceback" not in other.stderr, other.stderr
+    assert "is a file: pass the model's folder or its config.json" in other.stderr

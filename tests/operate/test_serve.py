@@ -323,6 +323,21 @@ def test_real_dry_run_reports_on_a_cpu_only_host(tmp_path, capsys, profile):
     assert comments[-1].startswith("# a real serve would refuse here: ")
 
 
+@pytest.mark.real_doctor
+@pytest.mark.parametrize("profile", ["thor", "discrete-gpu"])
+def test_real_dry_run_says_each_check_once(tmp_path, profile):
+    """Issue 43 item 6: model_config and sidecar were said by serve's file checks and again by the doctor."""
+    model = write_model(tmp_path / "model")
+    r = subprocess.run([sys.executable, "-m", "sglang_ssd_stream", "serve", "--profile", profile, "--model",
+                        str(model), "--dry-run"], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    checks = [line.split("]", 1)[1].split(":", 1)[0].strip() for line in r.stdout.splitlines()
+              if line.startswith("# [")]
+    assert {"model_config", "sidecar", "device"} <= set(checks), r.stdout
+    assert len(checks) == len(set(checks)), r.stdout
+
+
 def test_dry_run_reports_file_problems_instead_of_refusing(tmp_path, capsys):
     """A dry run names every problem (missing draft, bad sidecar) as a finding; a real serve refuses on them."""
     model = write_model(tmp_path / "model", draft=False)

@@ -190,3 +190,68 @@ def test_guard_verdict_while_a_rollback_is_pending(tmp_path, monkeypatch):
     assert "sglang-ssd-stream patch recover" in finding.fix
     assert run_cli(kit, "recover")[0] == EXIT_OK
     assert verdict("sglang", site_packages=kit.site, root=kit.data).state == "pristine"
+
+
+@pytest.mark.parametrize("command", ["apply", "revert"])
+def test_a_read_fault_after_the_commit_point_does_not_say_nothing_was_changed(tmp_path, monkeypatch, command):
+    """Issue 43 item 6: the final check's read error ("...; nothing was changed") was wrapped as is in the
+    exit-7 message that says the change was made."""
+    from sglang_ssd_stream.patching import state
+
+    kit = _kit(tmp_path, command)
+    committed = {"done": False}
+    real_commit, real_read = Transaction.commit, state.read_at
+
+    def commit(self, writes, op):
+        real_commit(self, writes, op)
+        committed["done"] = True
+
+    def read_at(*args, **kwargs):
+        if committed["done"]:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(Transaction, "commit", commit)
+    monkeypatch.setattr(state, "read_at", read_at)
+    rc, _, err = run_cli(kit, command)
+    assert rc == EXIT_CHANGED, (rc, err)
+    assert "was made" in err and "nothing was changed" not in err.lower(), err
+    assert set(_states(kit).values()) == {"patched" if command == "apply" else "pristine"}
+
+
+@pytest.mark.parametrize("command", ["apply", "revert"])
+@pytest.mark.parametrize("fault", sorted(SIGNALS))
+def test_a_signal_while_the_committed_report_prints_exits_7(tmp_path, monkeypatch, command, fault):
+    """Issue 43 item 6: a signal recorded while the post-commit report printed was dropped (exit 0)."""
+    from sglang_ssd_stream.patching import cli
+
+    kit = _kit(tmp_path, command)
+    real_render = cli.render
+
+    def render(report):
+        os.kill(os.getpid(), SIGNALS[fault])
+        real_render(report)
+
+    monkeypatch.setattr(cli, "render", render)
+    rc, out, err = run_cli(kit, command)
+    assert rc == EXIT_CHANGED, (rc, out, err)
+    assert f"{fault} arrived after the commit point" in err and "change WAS made" in err, err
+    assert set(_states(kit).values()) == {"patched" if command == "apply" else "pristine"}
+
+
+@pytest.mark.parametrize("fault", sorted(SIGNALS))
+def test_a_signal_while_a_no_op_report_prints_is_the_signals_exit(tmp_path, monkeypatch, fault):
+    from sglang_ssd_stream.patching import cli
+
+    kit = _kit(tmp_path, "revert")  # patched: a second apply has nothing to do
+    before = snapshot(kit.site)
+    real_render = cli.render
+
+    def render(report):
+        os.kill(os.getpid(), SIGNALS[fault])
+        real_render(report)
+
+    monkeypatch.setattr(cli, "render", render)
+    rc, _, err = run_cli(kit, "apply")
+    assert rc == 128 + SIGNALS[fault] and "nothing was changed" in err, (rc, err)
+    assert snapshot(kit.site) == before

@@ -321,3 +321,12 @@ def test_kit_upgrade_with_a_new_patch_applies_only_the_new_group(kit):
     assert kit.cli("verify").returncode == EXIT_OK
     assert kit.cli("revert").returncode == EXIT_OK
     assert kit.contents() == before
+
+
+def test_apply_and_revert_say_each_action_once(kit):
+    """Issue 43 item 6: the plan made before the transaction and the one made inside it were both reported."""
+    for verb, action in (("apply", "patch "), ("revert", "restore ")):
+        r = kit.cli(verb)
+        assert r.returncode == EXIT_OK, r.stderr
+        said = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith(action)]
+        assert len(said) == len(kit.files) and len(set(said)) == len(said), r.stdout

@@ -301,3 +301,21 @@ def test_a_table_written_while_it_is_profiled_leaves_no_hot_file(model_and_sidec
     manifest = load_sidecar(copy)
     prof = build_profile(manifest, model, files, role="sglang-cpu", rows=40)
     assert read_hot_file(prof.path, manifest, prof.row_range, 1 << 30) is not None
+
+
+@pytest.mark.parametrize("where", ["kit_home_is_a_file", "kit_home_read_only", "out_is_a_folder"])
+def test_a_cache_dir_that_cannot_be_written_is_exit_4_as_the_help_says(model_and_sidecar, tmp_path, where):
+    """Issue 43 item 2: the help promises exit 4 on an I/O error; a read-only cache dir gave a traceback.
+    Root writes through mode bits, so read-only is a place the kernel refuses: a file where the folder must be,
+    and /proc (no new entries there for anyone)."""
+    model, sidecar, files = model_and_sidecar
+    extra, env = [], {}
+    if where == "kit_home_is_a_file":
+        (tmp_path / "kit").write_text("a file where the kit's data directory should be\n")
+    elif where == "kit_home_read_only":
+        env["SGLANG_SSD_STREAM_HOME"] = "/proc/sglang-ssd-stream-test"
+    else:
+        extra = ["-o", tmp_path]
+    r = _cli(sidecar, "--model", model, "--corpus", *files, "--rows", 40, *extra, home=tmp_path, **env)
+    assert "Traceback" not in r.stderr and r.returncode == 4, (r.returncode, r.stderr[-3000:])
+    assert not list(tmp_path.glob("**/*.hot*")), "nothing written"

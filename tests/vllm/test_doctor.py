@@ -67,7 +67,8 @@ def test_the_doctor_refuses_what_the_plugin_refuses(vllm, bad):
     assert r.returncode == 2, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert finding(doc, "settings") == {"level": "error", "check": "settings", "message": parsed.value.message,
-                                        "fix": "fix the VLLM_PLE_* variables (README: vLLM)"}
+                                        "fix": "fix the VLLM_PLE_* variables "
+                                               "(docs/configuration.md#vllm-side-vllm_ple_offload)"}
     assert doc["settings"]["error"] == parsed.value.message and doc["settings"]["plugin_enabled"] is False
     plugin = subprocess.run([vllm.python, "-c", "import vllm.plugins; vllm.plugins.load_general_plugins()"],
                             capture_output=True, text=True, env=vllm.env(bad), timeout=600)
@@ -207,3 +208,23 @@ def test_memlock_too_low_for_the_table(vllm):
 def test_memlock_with_unknown_table_size_warns(vllm):
     _, m = low_memlock(vllm)
     assert m["level"] == "warning" and "checked then" in m["message"]
+
+
+def test_a_kit_home_over_the_os_limit_is_named_by_the_doctor_and_the_plugins_sidecar_check(vllm, sidecar, tmp_path):
+    """Issue 43 item 2: the plugin's verified-cache lookup stopped the process on ENAMETOOLONG without naming
+    SGLANG_SSD_STREAM_HOME; the doctor and the serving check now refuse naming it."""
+    import os
+
+    home = str(tmp_path / ("h" * (os.pathconf("/", "PC_NAME_MAX") + 1)))
+    env = {"SGLANG_SSD_STREAM_HOME": home, "VLLM_PLE_ALLOW_UNPATCHED": "1"}
+    r = doctor(vllm, "--backend", "pread", "--sidecar", str(sidecar), "--", "--enforce-eager", **env)
+    assert "Traceback" not in r.stderr and r.returncode == 2, (r.stdout, r.stderr[-2000:])
+    assert "SGLANG_SSD_STREAM_HOME=" in r.stdout and "over the OS limit" in r.stdout, r.stdout
+    serving = subprocess.run(
+        [vllm.python, "-c", "import os; from vllm_ple_offload import env, runtime_checks; "
+         "runtime_checks.require_verified_sidecar(env.read_settings(dict(os.environ)))"],
+        capture_output=True, text=True, timeout=600,
+        env=vllm.env({**env, "VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_BACKEND": "pread",
+                      "VLLM_PLE_SIDECAR": str(sidecar)}))
+    assert serving.returncode != 0 and "PreflightFailed" in serving.stderr, serving.stderr[-2000:]
+    assert "SGLANG_SSD_STREAM_HOME=" in serving.stderr and "over the OS limit" in serving.stderr, serving.stderr

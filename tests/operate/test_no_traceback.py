@@ -90,8 +90,18 @@ def test_every_verb_of_both_clis_is_enumerated():
     assert ("sglang_ssd_stream", "sidecar verify") in names and ("sglang_ssd_stream", "model fetch") in names
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("cli, path, parser", VERBS, ids=[f"{c.split('.')[0]}:{'-'.join(p)}" for c, p, _ in VERBS])
+def _applies(path, parser, kind: str) -> bool:
+    """A verb meets a kind of bad path only where it takes one (the output kinds: where it writes a file)."""
+    if kind in ("output_is_a_folder", "output_unwritable") and not takes_output(parser):
+        return False
+    return argv_for(path, parser, "x") is not None
+
+
+CASES = [(cli, path, parser, kind) for kind in KINDS for cli, path, parser in VERBS if _applies(path, parser, kind)]
+
+
+@pytest.mark.parametrize("cli, path, parser, kind", CASES,
+                         ids=[f"{c.split('.')[0]}:{'-'.join(p)}-{k}" for c, p, _, k in CASES])
 def test_a_bad_path_is_refused_without_a_traceback(tmp_path, cli, path, parser, kind):
     home = tmp_path / "home"
     home.mkdir()
@@ -109,12 +119,8 @@ def test_a_bad_path_is_refused_without_a_traceback(tmp_path, cli, path, parser, 
         bad = str(a_file / "x")
         env["SGLANG_SSD_STREAM_HOME"] = too_long
     else:
-        if not takes_output(parser):
-            pytest.skip("the verb writes no output file")
         bad = str(tmp_path) if kind == "output_is_a_folder" else "/proc/sglang-ssd-stream-test/out"
     argv = argv_for(path, parser, bad)
-    if argv is None:
-        pytest.skip("the verb takes no path")
     r = subprocess.run([sys.executable, "-m", cli, *argv], capture_output=True, text=True, env=env, cwd=REPO,
                        timeout=300, stdin=subprocess.DEVNULL)
     shown = f"{cli} {' '.join(argv)}\nexit {r.returncode}\n{r.stderr[-3000:]}"

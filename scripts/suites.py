@@ -3,6 +3,9 @@
 
     scripts/suites.py [--jobs N] [--durations N] [suite ...] [-- pytest args]
 
+A test path among the pytest args (``tests/e2e/test_5_mtp.py``, ``path::test``) runs in the suite that holds it,
+in place of that suite's own paths; suites that hold none of the named paths do not run.
+
 Why this shape (docs/testing.md "Where the time goes"): each suite is one pytest process whose tests mostly
 run one thread at a time (engine checks, servers with OMP_NUM_THREADS=1, the Triton interpreter), so on CI's 2
 cores two suites side by side do more work per minute than one (measured: the whole run 0.71x the serial one;
@@ -69,11 +72,46 @@ SUITES = {s.name: s for s in (
     Suite("e2e-vllm", "e2e-vllm", "vllm", ["tests/e2e_vllm", "-m", "e2e_vllm"], 12.0, "SSD_STREAM_VLLM_PYTHON"),
     Suite("sglang-ops", "sglang", "sglang", ["tests/operate", "tests/test_install_sh.py", "-m", SGLANG_ONLY], 5.5,
           "SSD_STREAM_SGLANG_PYTHON", wheelhouse=True),
+    # the folders of the other suites are ignored too (the marker deselects their tests anyway): a path the user
+    # names there is then theirs alone
     Suite("sglang-core", "sglang", "sglang", ["tests", "--ignore=tests/sglang", "--ignore=tests/operate",
-                                             "--ignore=tests/test_install_sh.py", "-m", SGLANG_ONLY], 5.0,
-          "SSD_STREAM_SGLANG_PYTHON"),
+                                             "--ignore=tests/test_install_sh.py", "--ignore=tests/e2e",
+                                             "--ignore=tests/e2e_vllm", "--ignore=tests/vllm", "-m", SGLANG_ONLY],
+          5.0, "SSD_STREAM_SGLANG_PYTHON"),
 )}
 GROUPS = tuple(dict.fromkeys(s.group for s in SUITES.values()))
+
+_VALUED = {"-k", "-m", "-p", "-o", "-c", "--rootdir", "--basetemp", "--deselect", "--ignore", "--durations",
+           "--maxfail", "--junitxml", "--tb", "-W"}  # pytest options whose value is the next argument
+
+
+def _paths(args: list[str]) -> tuple[list[str], list[str]]:
+    """``args``' test paths (a file, a folder or a node id ``path::name`` that exists in the repository, not an
+    option's value) and the rest, in order."""
+    paths, rest = [], []
+    for i, a in enumerate(args):
+        value = i > 0 and args[i - 1] in _VALUED
+        (paths if not value and not a.startswith("-") and (REPO / a.split("::")[0]).exists() else rest).append(a)
+    return paths, rest
+
+
+def _under(path: str, root: str) -> bool:
+    p, r = (REPO / path.split("::")[0]).resolve(), (REPO / root).resolve()
+    return p == r or r in p.parents
+
+
+def narrowed(suite: Suite, pytest_args: list[str]) -> list[str] | None:
+    """The suite's pytest arguments with the user's: where the user names test paths, only those inside the
+    suite's own selection (its paths less its ``--ignore``s) replace its paths, and a suite holding none of them
+    does not run (None); pytest given both a folder and a file in it would run the whole folder."""
+    wanted, rest = _paths(pytest_args)
+    if not wanted:
+        return [*suite.args, *pytest_args]
+    own, options = _paths(suite.args)
+    ignored = [a.split("=", 1)[1] for a in options if a.startswith("--ignore=")]
+    mine = [w for w in wanted if any(_under(w, o) for o in own) and not any(_under(w, i) for i in ignored)]
+    return [*mine, *options, *rest] if mine else None
+
 
 _print_lock = threading.Lock()
 
@@ -168,7 +206,7 @@ def run_suite(suite: Suite, builds: Builds, run_dir: Path, test_home: Path, pyte
                 f"{r}={venv_python(suite.engine, r, private=own / r)}" for r in other_releases(suite.engine))
         say(f"{tag}== {suite.name} suite on {py} (a private copy; {time.monotonic() - t0:.0f} s to here)")
         junit = own / "junit.xml"
-        cmd = [py, "-m", "pytest", *suite.args, f"--junitxml={junit}", "-o", "junit_family=xunit1", *pytest_args]
+        cmd = [py, "-m", "pytest", *narrowed(suite, pytest_args), f"--junitxml={junit}", "-o", "junit_family=xunit1"]
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         _running.append(proc)
         for raw in proc.stdout:
@@ -273,6 +311,12 @@ def main(argv: list[str]) -> int:
         return 64
     chosen = set(opts.suites or GROUPS)
     suites = sorted((s for s in SUITES.values() if s.group in chosen), key=lambda s: -s.expected_minutes)
+    if _paths(pytest_args)[0]:  # only the suites that hold a path the user named
+        suites = [s for s in suites if narrowed(s, pytest_args) is not None]
+        if not suites:
+            print(f"no suite{' of ' + ' '.join(opts.suites) if opts.suites else ''} holds "
+                  f"{' '.join(_paths(pytest_args)[0])}", file=sys.stderr)
+            return 64
     if any(s.name == "e2e" for s in suites) and not shutil.which("cc"):
         print("e2e needs a C compiler (cc) for the stub driver", file=sys.stderr)
         return 1

@@ -59,3 +59,30 @@ def test_nothing_selected_passes_only_under_the_users_filter():
         suite.rc = rc
         assert suites.passed(suite, args) is ok, (rc, args)
     suite.rc = None
+
+
+def test_a_path_the_user_names_runs_in_the_suite_that_holds_it_and_only_there():
+    """pytest given a suite's folder and a file in it runs the whole folder: a named path replaces the suite's
+    own paths, in the one suite whose selection holds it (its ``--ignore``s count); a filter alone changes no
+    suite's paths."""
+    def where(*args):
+        return {name: suites.narrowed(s, list(args)) for name, s in suites.SUITES.items()
+                if suites.narrowed(s, list(args)) is not None}
+
+    assert where("tests/e2e/test_5_mtp.py", "-k", "mtp") == {"e2e": ["tests/e2e/test_5_mtp.py", "-m", "e2e", "-k",
+                                                                      "mtp"]}
+    got = where("tests/sidecar/test_hot_file.py::test_x")
+    assert list(got) == ["sglang-core"] and got["sglang-core"][0] == "tests/sidecar/test_hot_file.py::test_x"
+    assert list(where("tests/operate/test_serve.py")) == ["sglang-ops"]
+    assert list(where("tests/sglang")) == ["sglang-engine"]
+    assert list(where("tests/e2e_vllm/test_8_hot_file.py" if (REPO / "tests/e2e_vllm/test_8_hot_file.py").exists()
+                      else "tests/e2e_vllm")) == ["e2e-vllm"]
+    assert set(where("-k", "tests")) == set(suites.SUITES)  # a -k value that is a folder's name is not a path
+    assert where("-k", "x")["vllm"] == [*suites.SUITES["vllm"].args, "-k", "x"]
+
+
+def test_a_path_no_chosen_suite_holds_is_a_usage_error():
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "suites.py"), "vllm", "--", "tests/e2e"],
+                       capture_output=True, text=True, env={**os.environ, "SSD_STREAM_CACHE": "/nonexistent"},
+                       timeout=60)
+    assert r.returncode == 64 and "no suite of vllm holds tests/e2e" in r.stderr, (r.returncode, r.stderr)

@@ -139,7 +139,11 @@ _SHARED = (
             extra={VLLM: "(with a row cache only)"},
             kwargs=dict(default=100, lo=0, hi=100, unit=" %", what="an integer percentage 0..100 (0: no hot file)")),
     _Shared("HOT_INTERVAL_S", INT, "seconds between hot-file writes while serving (a clean shutdown writes once "
-            "more); `0`: only at shutdown", kwargs=dict(default=600, lo=0, hi=86400, unit=" s")),
+            "more); `0`: only at shutdown",
+            extra={VLLM: "(a stop, SIGTERM to the server or to its process group, is one: the plugin sets vLLM's "
+                   "`VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS` when unset, so vLLM lets the worker end and "
+                   "write; [hot-file.md](hot-file.md))"},
+            kwargs=dict(default=600, lo=0, hi=86400, unit=" s")),
     _Shared("ALLOW_UNPATCHED", FLAG, "`1` lets the plugin run on a *pristine* (never an unknown) engine, with a "
             "warning", kwargs=dict(default=False)),
 )

@@ -93,6 +93,7 @@ def activate(settings: env.PleSettings) -> None:
             # printed, as SGLang's plugin does, since vLLM sets up logging in the API server after plugins run
             print(f"vllm-ple-offload plugin: pid {os.getpid()}: {f.line()}", file=sys.stderr, flush=True)
     doctor.raise_on_errors(findings)
+    allow_stop_write(settings)
     guard = runtime_guard.checks()
     then = {NVIDIA_MODULE: install_nvidia(settings), AMD_MODULE: refuse_rocm}
     if settings.prefetch:  # a streamed backend with a row cache: prompt-ahead prefetch in the worker
@@ -102,6 +103,21 @@ def activate(settings: env.PleSettings) -> None:
         then[prompt_prefetch.RUNNER_V1] = prompt_prefetch.refuse_v1(settings)
     for name in sorted(guard.keys() | then.keys()):
         post_import.when_imported(name, _in_order(guard.get(name), then.get(name)))
+
+
+def allow_stop_write(settings: env.PleSettings, environ=os.environ) -> bool:
+    """With the hot file on, give a stop the time to write it: :data:`.env.STOP_GRACE_ENV` (vLLM's own bound on
+    its shutdown, read when the server stops) set to :data:`.env.STOP_GRACE_S` unless the operator set it. Runs
+    in the API server before vLLM starts the engine core, which inherits it (and hands it to its workers).
+    Returns whether it was set here."""
+    if not settings.hot_share_pct or env.STOP_GRACE_ENV in environ:
+        return False
+    environ[env.STOP_GRACE_ENV] = str(env.STOP_GRACE_S)
+    # printed, not logged: vLLM sets up logging in the API server after plugins run (the children inherit the
+    # variable, so only the launcher says it)
+    print(f"vllm-ple-offload plugin: pid {os.getpid()}: {env.STOP_GRACE_ENV}={env.STOP_GRACE_S} (unset: vLLM "
+          f"would kill the engine at a stop before it writes the PLE hot file)", file=sys.stderr, flush=True)
+    return True
 
 
 def _in_order(*callbacks):

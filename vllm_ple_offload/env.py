@@ -64,6 +64,14 @@ STREAMING_ONLY = (SIDECAR, TRUSTED_ROOTS, FETCH_WORKERS, ROWS_PER_TASK, STATS_IN
 PLUGINS_ENV = "VLLM_PLUGINS"
 PLUGIN_NAME = "ple_offload"
 
+# vLLM's own bound (seconds) on a stop: how long the API server waits for the engine core to end before it kills
+# the engine's process tree (SIGKILL), and how long the engine core waits for its workers. vLLM 0.33's default
+# (``--shutdown-timeout 0``, this variable unset) waits no time at all, so a worker never reaches its exit, where
+# the hot file is written; with the hot file on and the variable unset, the plugin sets STOP_GRACE_S
+# (activate.allow_stop_write). A wait ends as soon as the process does: a stop is slower only by the write.
+STOP_GRACE_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+STOP_GRACE_S = 30  # a whole 1 GiB cache writes in a few seconds; a write cut short leaves the old file
+
 PINNED, MMAP, PREAD = VLLM_KNOBS[BACKEND].choices
 BACKENDS = (PINNED, MMAP, PREAD)
 STREAMING_BACKENDS = (MMAP, PREAD)

@@ -57,6 +57,7 @@ from . import LOGGER_NAME, env, runtime_guard
 from .errors import PleSettingsError
 
 log = logging.getLogger(LOGGER_NAME)
+KIT_LOGGER = "sglang_ssd_stream"  # the engine-neutral floors' loggers (the hot file's among them)
 
 RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
 RUNNER_V1 = "vllm.v1.worker.gpu_model_runner"
@@ -312,6 +313,18 @@ def _role() -> str:
     return process_role("vllm", gpu=gpu, tp=tp, pp=pp)
 
 
+def _kit_logs_through_vllm() -> None:
+    """The kit's own loggers (``sglang_ssd_stream.*``: the hot file's rows loaded, written, refused) through vLLM's
+    handlers, as the plugin's lines go: a vLLM worker's root logger has none, so their INFO lines were lost."""
+    kit, vllm_log = logging.getLogger(KIT_LOGGER), logging.getLogger("vllm")
+    if kit.handlers or not vllm_log.handlers:
+        return
+    for handler in vllm_log.handlers:
+        kit.addHandler(handler)
+    kit.setLevel(vllm_log.getEffectiveLevel())
+    kit.propagate = False  # printed once, by vLLM's handlers
+
+
 def keep_hot(model, settings: env.PleSettings):
     """Read the hot file into the model's row caches before the first request and keep writing it
     (``VLLM_PLE_HOT_SHARE_PCT`` > 0; :mod:`sglang_ssd_stream.sidecar.hot_rows`); None when off."""
@@ -326,6 +339,7 @@ def keep_hot(model, settings: env.PleSettings):
               if isinstance(inner, StreamedPLEEmbedding) and inner.row_cache is not None}
     if not caches:
         return None
+    _kit_logs_through_vllm()
     hot = HotRows(sidecar_manifest(settings), caches, share=settings.hot_share_pct / 100,
                   interval_s=settings.hot_interval_s, role=_role())
     with _lock:

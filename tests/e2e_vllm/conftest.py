@@ -16,7 +16,9 @@ written only by rename (:func:`private_venv`); test_9 checks the shared venv is 
 Budget (CI: 2 cores): four serving starts, about 70-90 s each (three Python processes import vLLM), four refusals
 that end in seconds (the plugin refuses before vLLM builds the model), 8 tokens per request; and one start of
 about 4 minutes that serves proofs 4-6 (chunked prefill with an abort, ``validate``, ``watch``) at once.
-One more start of about 2.7 minutes serves (b) with MTP 2 (test_7; its baseline is (b) itself).
+One more start of about 2.7 minutes serves (b) with MTP 2 (test_7; its baseline is (b) itself). Three more
+serving starts (about 70-90 s each) are one chain over a private sidecar copy and data directory: the hot file
+across stops (test_8; each start reads one hot file, and its three proofs need three different outcomes).
 """
 
 from __future__ import annotations
@@ -540,4 +542,115 @@ def patched_chunked(stage, engine, patched_venv, qwen4_model, sidecar, root) -> 
                      env=env, python=venv.python,
                      args=("--max-num-batched-tokens", str(CHUNK), "--max-model-len", str(CONTEXT)))
     sc.results["venv"] = facts
+    return sc
+
+
+# ----------------------------------------------------------------------------- the hot file across stops (issue 38)
+
+# One chain of three starts on a private copy of the sidecar and one private data directory
+# (SGLANG_SSD_STREAM_HOME), the hot file written only at a stop (VLLM_PLE_HOT_INTERVAL_S=0):
+#   1 hot-forged: a forged file at the worker's path (the kit's own profile, rows changed, checksums recomputed,
+#     identities kept: tests/hot_forgery.py) is refused once, cold; the stop writes the real file (s, a)
+#   2 hot-restart: loads it before the first request (s); then a table is rewritten in place with its mtime put
+#     back, and the stop refuses to save (b)
+#   3 hot-restored: the operator renamed the right table over it; the file bound to the old one is refused (b)
+# One file is read per start, so (a), (s)'s load and (b)'s restart take a start each.
+HOT_ROLE = "vllm-cpu-tp0-pp0"  # the CPU worker's role (prompt_prefetch._role): TP rank 0, PP rank 0, no GPU
+HOT_TABLE = "ple/layer-1.bin"  # the table (b) rewrites in place, then restores by rename
+INVERT = bytes(range(255, -1, -1))  # bytes.translate table: every bit flipped
+HOT_CORPUS = "The secret code number is 42. " * 8  # the profile's one request (any text the tokenizer takes)
+
+
+def hot_env(sidecar: Path, home: Path) -> dict:
+    return streamed("mmap", sidecar, VLLM_PLE_HOT_INTERVAL_S="0", SGLANG_SSD_STREAM_HOME=str(home))
+
+
+def hot_files(home: Path) -> dict[str, bytes]:
+    """Every file in the data directory's hot-file folder (temporaries included), name -> bytes."""
+    folder = home / "hot"
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.is_dir() else {}
+
+
+def greedy_after_log(server: VllmServer) -> dict:
+    """The log as it was before the first request, then :func:`greedy_runs`."""
+    return {"log_before_requests": server.log(), "greedy": greedy_runs(server)}
+
+
+@pytest.fixture(scope="session")
+def hot_setup(engine, qwen4_model, sidecar, root) -> dict:
+    """The private sidecar copy, the data directory and, in it, a forged hot file: the kit's own ``sidecar
+    profile`` writes the real file the worker looks for, then :func:`tests.hot_forgery.forge` forges it."""
+    from ..hot_forgery import forge, header
+
+    private = root / "sidecar-hot"
+    shutil.copytree(sidecar, private)
+    for cache in private.glob(".ssd-stream-verified*"):
+        cache.unlink()
+    home = root / "hot-home"
+    corpus = root / "hot-corpus.txt"
+    corpus.write_text(HOT_CORPUS)
+    r = subprocess.run([engine.python, "-m", "vllm_ple_offload.cli", "sidecar", "profile", str(private), "--model",
+                        str(qwen4_model), "--corpus", str(corpus), "--role", HOT_ROLE, "--json"],
+                       capture_output=True, text=True, timeout=600,
+                       env=engine.env({"SGLANG_SSD_STREAM_HOME": str(home), "HF_HUB_OFFLINE": "1"}))
+    assert r.returncode == 0, r.stdout + r.stderr
+    path = Path(json.loads(r.stdout)["path"])
+    genuine = header(path)
+    forged_rows = forge(path, private)
+    return {"sidecar": private, "home": home, "path": path, "genuine": genuine, "forged": header(path),
+            "forged_rows": forged_rows, "forged_bytes": path.read_bytes()}
+
+
+@pytest.fixture(scope="session")
+def hot_forged(stage, qwen4_model, hot_setup) -> Scenario:
+    """Start 1: the forged file at the worker's path; the stop writes the real file."""
+    sc = stage.serve("hot-forged", qwen4_model, greedy_after_log, env=hot_env(hot_setup["sidecar"], hot_setup["home"]))
+    from ..hot_forgery import header
+
+    sc.results["after_stop"] = hot_files(hot_setup["home"])
+    if hot_setup["path"].exists():
+        sc.results["header"] = header(hot_setup["path"])
+    return sc
+
+
+def rewrite_in_place(table: Path) -> dict:
+    """Every byte of ``table`` inverted in its own inode, its atime and mtime put back (a writer that hides its
+    write); returns the stat before and after and the original bytes."""
+    before = os.stat(table)
+    data = table.read_bytes()
+    with open(table, "r+b") as f:
+        f.write(data.translate(INVERT))
+        f.flush()
+        os.fsync(f.fileno())
+    os.utime(table, ns=(before.st_atime_ns, before.st_mtime_ns))
+    return {"before": before, "after": os.stat(table), "original": data}
+
+
+@pytest.fixture(scope="session")
+def hot_restart(stage, qwen4_model, hot_setup, hot_forged) -> Scenario:
+    """Start 2 over start 1's data directory: it loads the file; after its requests a table is rewritten in
+    place (mtime put back) while it serves, so its stop must not save."""
+    table = hot_setup["sidecar"] / HOT_TABLE
+
+    def exercise(server: VllmServer) -> dict:
+        out = greedy_after_log(server)
+        out["rewrite"] = rewrite_in_place(table)
+        return out
+
+    sc = stage.serve("hot-restart", qwen4_model, exercise, env=hot_env(hot_setup["sidecar"], hot_setup["home"]))
+    sc.results["after_stop"] = hot_files(hot_setup["home"])
+    return sc
+
+
+@pytest.fixture(scope="session")
+def hot_restored(stage, qwen4_model, hot_setup, hot_restart) -> Scenario:
+    """Start 3: the operator wrote the right table as a new file and renamed it over the rewritten one
+    (:func:`replace_file`); the data directory still holds the file bound to the old table."""
+    table = hot_setup["sidecar"] / HOT_TABLE
+    rewritten = os.stat(table)
+    replace_file(table, hot_restart.results["rewrite"]["original"])
+    before = hot_files(hot_setup["home"])
+    sc = stage.serve("hot-restored", qwen4_model, greedy_after_log,
+                     env=hot_env(hot_setup["sidecar"], hot_setup["home"]))
+    sc.results.update({"rewritten": rewritten, "restored": os.stat(table), "before_start": before})
     return sc

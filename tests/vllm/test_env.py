@@ -252,3 +252,20 @@ def test_the_hot_file_needs_a_row_cache():
     assert env.read_settings({**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0", "VLLM_PLE_HOT_SHARE_PCT": "0"}).hot_share_pct == 0
     with pytest.raises(PleSettingsError, match="only apply to the mmap and pread backends"):
         env.read_settings({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_HOT_SHARE_PCT": "30"})
+
+
+def test_the_hot_file_gets_a_stop_that_can_write_it(capsys):
+    """vLLM 0.33 kills its engine at a stop without waiting (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS unset): with the
+    hot file on, the plugin sets vLLM's own bound so the worker reaches its exit (the e2e proves the write)."""
+    from vllm_ple_offload.activate import allow_stop_write
+
+    environ: dict = {}
+    assert allow_stop_write(env.read_settings(STREAM), environ)
+    assert environ == {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": str(env.STOP_GRACE_S)}
+    assert "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=30 " in capsys.readouterr().err
+    operator = {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "7"}
+    assert not allow_stop_write(env.read_settings(STREAM), operator)  # the operator's value wins
+    assert operator == {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "7"}
+    for off in ({**STREAM, "VLLM_PLE_HOT_SHARE_PCT": "0"}, {**STREAM, "VLLM_PLE_ROW_CACHE_MB": "0"}):
+        environ = {}
+        assert not allow_stop_write(env.read_settings(off), environ) and environ == {}  # no file: vLLM's default

@@ -455,13 +455,13 @@ def tampered(e2e_root, sidecar, hot_home, qwen4_sidecar_cache) -> dict:
     recomputed, bound to the copy's tables as they are)."""
     from sglang_ssd_stream.sidecar.format import load_manifest
 
-    from .hot_forgery import forge
+    from ..hot_forgery import forge
 
     (good,) = qwen4_sidecar_cache.results["hot_files"]
     copy, home = e2e_root / "sidecar-tampered", e2e_root / "hot-home-tampered"
     shutil.copytree(sidecar, copy)
     forged = home / "hot" / good.name
-    rows = forge(good, sidecar, forged, copy)
+    rows = sum(forge(good, sidecar, dest=forged, bind_to=copy).values())
     table = load_manifest(copy).table(TAMPERED_LAYER).file
     return {"sidecar": copy, "home": home, "file": forged, "rows": rows, "table": Path(table)}
 
@@ -479,7 +479,7 @@ def qwen4_sidecar_forged(stage, qwen4_model, tampered, other_rows_sidecar) -> Sc
     so its stop (SIGTERM) must refuse to save any row. The data directory's file is recorded before and after."""
     from sglang_ssd_stream.sidecar.format import load_manifest
 
-    from .hot_forgery import rewrite_in_place
+    from ..hot_forgery import rewrite_in_place
 
     wrong = Path(load_manifest(other_rows_sidecar).table(TAMPERED_LAYER).file).read_bytes()
     tampered["before"] = _identity(tampered["file"])
@@ -507,7 +507,7 @@ def qwen4_sidecar_restart_without(stage, qwen4_model, sidecar, tampered, qwen4_s
     table it replaced, must be refused, so this start is cold and serves the right rows (issue 38 item 1 (b))."""
     from sglang_ssd_stream.sidecar.format import load_manifest
 
-    from .hot_forgery import restore_by_rename
+    from ..hot_forgery import restore_by_rename
 
     right = Path(load_manifest(sidecar).table(TAMPERED_LAYER).file).read_bytes()
     restore_by_rename(tampered["table"], right)

@@ -615,14 +615,12 @@ def hot_forged(stage, qwen4_model, hot_setup) -> Scenario:
 
 def rewrite_in_place(table: Path) -> dict:
     """Every byte of ``table`` inverted in its own inode, its atime and mtime put back (a writer that hides its
-    write); returns the stat before and after and the original bytes."""
+    write: :func:`tests.hot_forgery.rewrite_in_place`); returns the stat before and after and the original bytes."""
+    from ..hot_forgery import rewrite_in_place as hidden_write
+
     before = os.stat(table)
     data = table.read_bytes()
-    with open(table, "r+b") as f:
-        f.write(data.translate(INVERT))
-        f.flush()
-        os.fsync(f.fileno())
-    os.utime(table, ns=(before.st_atime_ns, before.st_mtime_ns))
+    hidden_write(table, data.translate(INVERT))
     return {"before": before, "after": os.stat(table), "original": data}
 
 

@@ -270,7 +270,7 @@ def test_a_table_written_while_it_is_profiled_leaves_no_hot_file(model_and_sidec
     from sglang_ssd_stream.sidecar.hot_file import read_hot_file
     from sglang_ssd_stream.sidecar.profile import ProfileRefused, build_profile
     from sglang_ssd_stream.sidecar.view import load_sidecar
-    from tests.e2e.hot_forgery import restore_by_rename, rewrite_in_place
+    from tests.hot_forgery import restore_by_rename, rewrite_in_place
 
     monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "kit"))
     model, sidecar, files = model_and_sidecar

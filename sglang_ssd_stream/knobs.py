@@ -162,7 +162,9 @@ _SGLANG_ONLY = (
          "kernel reads pinned staging; it competes with the layer for SMs and hides less)", default="h2d",
          choices=("h2d", "uva")),
     Knob("SGLANG_SSD_STREAM_HOME", PATH, "where the kit keeps its files (default `~/.cache/sglang-ssd-stream`): "
-         "model snapshots, the native host-node and row-cache libraries"),
+         "model snapshots, the hot files (`hot/`), the native host-node and row-cache libraries; a path the OS "
+         "cannot name (a name over "
+         "its limit) is refused naming the variable, by every command, serve's preflight and both plugins"),
     Knob("SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB", INT, "cap on the QSA prefill top-k logits workspace per layer "
          "(upstream 128; Thor profile 32); top-k is per row, so tiling rows does not change the selection",
          lo=1, hi=1 << 16, unit=" MiB", what="an integer number of MiB (e.g. 32)"),

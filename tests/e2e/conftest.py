@@ -458,7 +458,7 @@ def tampered(e2e_root, sidecar, hot_home, qwen4_sidecar_cache) -> dict:
     from ..hot_forgery import forge
 
     (good,) = qwen4_sidecar_cache.results["hot_files"]
-    copy, home = e2e_root / "sidecar-tampered", e2e_root / "hot-home-tampered"
+    copy, home = e2e_root / "sidecar-hot-rewritten", e2e_root / "hot-home-forged"  # not damaged_copy's names
     shutil.copytree(sidecar, copy)
     forged = home / "hot" / good.name
     rows = sum(forge(good, sidecar, dest=forged, bind_to=copy).values())

@@ -17,7 +17,8 @@ import time
 
 from ..errors import EXIT_ENGINE_ENDED
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # SIGQUIT: a terminal's Ctrl-\
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 LEFTOVER_GRACE_S = 10.0  # what is left of the engine's group after it ended gets SIGTERM, then SIGKILL after this
 
 
@@ -50,12 +51,22 @@ def _end_group(pgid: int, grace_s: float) -> bool:
     return True
 
 
+def _end_with_parent() -> None:
+    """In the child before exec: SIGTERM when ``serve`` dies (a SIGKILL, the OOM killer), so an engine in its own
+    session is never left running without the process a service manager watches."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
 def supervise(file: str, argv: list[str], env: dict[str, str], *, grace_s: float = LEFTOVER_GRACE_S) -> int:
     """Run ``argv`` (``file`` looked up on ``env``'s PATH, as ``os.execvpe`` would) and return ``serve``'s exit
     status: after a stop signal, the engine's own (128 + N when a signal N ended it); when it ended by itself, its
     own non-zero status, 128 + N for a signal, and :data:`EXIT_ENGINE_ENDED` for a 0."""
     asked: list[int] = []
-    proc = subprocess.Popen([file, *argv[1:]], env=env, start_new_session=True)
+    proc = subprocess.Popen([file, *argv[1:]], env=env, start_new_session=True, preexec_fn=_end_with_parent)
 
     def forward(signum, frame):
         asked.append(signum)

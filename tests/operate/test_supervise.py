@@ -81,7 +81,7 @@ def test_a_launcher_killed_by_a_signal_passes_the_signal_on(tmp_path):
     assert not _alive(worker)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
 def test_a_stop_reaches_the_engines_group_once_and_its_status_is_passed_on(tmp_path, sig):
     marks = tmp_path / "signals"
     body = f"""\
@@ -90,8 +90,8 @@ def test_a_stop_reaches_the_engines_group_once_and_its_status_is_passed_on(tmp_p
                 f.write(f"{{signum}}\\n")
             time.sleep(0.5)  # a second forward would land here
             sys.exit(0)
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(s, stop)
         time.sleep(600)
         """
     serve = _serve(tmp_path, _launcher(tmp_path, body))
@@ -103,6 +103,30 @@ def test_a_stop_reaches_the_engines_group_once_and_its_status_is_passed_on(tmp_p
     assert marks.read_text() == f"{int(sig)}\n"  # once
     assert "ended by itself" not in err
     assert not _alive(launcher) and not _alive(worker)
+
+
+def test_a_serve_killed_outright_takes_its_engine_along(tmp_path):
+    """A SIGKILL (the OOM killer) leaves serve no chance to forward anything: the engine, in its own session, is
+    sent SIGTERM by the kernel when its parent dies (PR_SET_PDEATHSIG), and its own stop ends its group."""
+    marks = tmp_path / "signals"
+    body = f"""\
+        def stop(signum, frame):
+            open({str(marks)!r}, "a").write(f"{{signum}}\\n")
+            worker.kill()
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        time.sleep(600)
+        """
+    serve = _serve(tmp_path, _launcher(tmp_path, body))
+    launcher, worker = _pids(tmp_path)
+    time.sleep(0.5)
+    serve.kill()
+    serve.wait(30)
+    deadline = time.monotonic() + 30
+    while _alive(launcher) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(launcher), "the engine outlived a serve killed by SIGKILL"
+    assert marks.read_text() == f"{int(signal.SIGTERM)}\n"
 
 
 def test_serve_runs_the_engine_under_supervise(monkeypatch):

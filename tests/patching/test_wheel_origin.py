@@ -111,10 +111,9 @@ def test_fetched_wheels_arrive_whole_beside_a_concurrent_fetch(tmp_path, monkeyp
     """Two processes fetching the same wheel into one cache (two test runs, a drift report) each get a whole
     wheel, the cache holds exactly one, and no download directory is left: pip writes into a private directory
     and the wheel is renamed into place. A local wheel directory stands in for the index."""
-    import threading
-
     from sglang_ssd_stream.patching.engines import ENGINES
     from sglang_ssd_stream.patching.wheels import fetch_wheel
+    from tests.threads import race
 
     from ..test_install_sh import _wheel
 
@@ -125,19 +124,8 @@ def test_fetched_wheels_arrive_whole_beside_a_concurrent_fetch(tmp_path, monkeyp
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     cache = tmp_path / "cache"
-    got, errors = [], []
-
-    def fetch():
-        try:
-            got.append(fetch_wheel(ENGINES["sglang"], "9.9.9", "x86_64", cache))
-        except Exception as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=fetch) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got = []
+    errors = race(lambda: got.append(fetch_wheel(ENGINES["sglang"], "9.9.9", "x86_64", cache)), 2)
     assert not errors, errors
     dest = cache / "wheels" / "sglang-9.9.9-x86_64-py3.11"
     assert [p.name for p in dest.iterdir()] == ["sglang-9.9.9-py3-none-any.whl"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from sglang_ssd_stream.sidecar import (
 )
 from sglang_ssd_stream.sidecar import verify as verify_mod
 from sglang_ssd_stream.sidecar.verify import CACHE_NAME, SERVE
+from tests.threads import race
 
 
 @pytest.fixture
@@ -147,19 +147,9 @@ def test_nowhere_writable_still_verifies(small, monkeypatch, caplog, tmp_path):
 def test_concurrent_verifiers_hash_once(small, count_hashes, tmp_path):
     _, art = small
     _clear_cache(art)
-    results, errors = [], []
-
-    def run():
-        try:
-            results.append(verify_sidecar(art, caller=SERVE, progress=False, cache_dir=tmp_path / "c").tables[0].status)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = []
+    errors = race(lambda: results.append(
+        verify_sidecar(art, caller=SERVE, progress=False, cache_dir=tmp_path / "c").tables[0].status), 3)
     assert errors == [] and sorted(results) == ["cached", "cached", "verified"] and len(count_hashes) == 1
 
 

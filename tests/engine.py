@@ -1,8 +1,11 @@
 """Driving a real engine venv from the outer test run.
 
 The outer pytest never imports an engine: the engine's files change state (pristine/patched)
-during the run, so every engine-side check runs in a fresh subprocess of the engine's venv,
+during the run, so every engine-side check runs in a fresh process of the engine's venv,
 as pytest over a ``checks/check_*.py`` module, and reports per-test outcomes through JUnit XML.
+That process is a fork of the venv's fork server (tests/forkserver.py: the engine's third-party
+dependencies imported once, never the engine, the kit or the tests) where the check's environment
+allows it, else a new ``python -m pytest``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from . import forkserver
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,8 +30,8 @@ class EngineVenv:
     name: str
     python: str
 
-    def env(self, extra: dict | None = None) -> dict:
-        home = tempfile.mkdtemp(prefix=f"{self.name}-home-")  # engines write caches under $HOME on import
+    def env(self, extra: dict | None = None, home: str | None = None) -> dict:
+        home = home or tempfile.mkdtemp(prefix=f"{self.name}-home-")  # engines write caches under $HOME on import
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env.update({"HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "TRITON_INTERPRET": "1",
                     "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO)})
@@ -61,9 +66,11 @@ class EngineVenv:
         """Run check modules (paths relative to the repo) in the venv; returns {test name: outcome}."""
         with tempfile.TemporaryDirectory() as tmp:
             xml = Path(tmp) / "junit.xml"
-            r = subprocess.run([self.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-                                "--rootdir", str(REPO), *modules], cwd=REPO, capture_output=True, text=True,
-                               env=self.env(extra_env), timeout=timeout)
+            args = ["-q", "-p", "no:cacheprovider", f"--junitxml={xml}", "--rootdir", str(REPO), *modules]
+            r = self._forked(args, extra_env, timeout, Path(tmp))
+            if r is None:
+                r = subprocess.run([self.python, "-m", "pytest", *args], cwd=REPO, capture_output=True, text=True,
+                                   env=self.env(extra_env), timeout=timeout)
             if not xml.exists():
                 raise AssertionError(f"check run produced no report (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
             outcomes = {}
@@ -74,6 +81,34 @@ class EngineVenv:
                                   else "skipped" if "skipped" in kinds else "passed")
             outcomes["__output__"] = r.stdout[-6000:] + r.stderr[-3000:]
             return outcomes
+
+
+    # seconds a check waits for the venv's zygote to finish its imports; 0: a new process meanwhile
+    zygote_wait: float = 0.0
+
+    def _forked(self, args: list[str], extra_env: dict | None, timeout: float,
+                tmp: Path) -> subprocess.CompletedProcess | None:
+        """The check run as a fork of the venv's zygote, or None where the rule (tests/forkserver.py) says a
+        new process: the server is off, still importing, busy, dead, or the check's environment differs."""
+        if not forkserver.enabled():
+            return None
+        zygote = forkserver.known_zygote(self.python) or forkserver.zygote_for(self.python, self.name, self.env())
+        ready = zygote.wait_ready(self.zygote_wait)
+        if ready is None or forkserver.differences(zygote.base_env, self.env(extra_env, home=str(zygote.home)),
+                                                   ready):
+            return None
+        if not zygote.lock.acquire(blocking=False):
+            return None
+        try:
+            out, err = tmp / "stdout", tmp / "stderr"
+            code = zygote.run(args, self.env(extra_env, home=str(zygote.home)), REPO, timeout, out, err)
+        except EOFError as exc:  # the zygote died under this check: a new process runs it again
+            zygote.failed = str(exc)
+            return None
+        finally:
+            zygote.lock.release()
+        read = lambda p: p.read_text(errors="replace") if p.exists() else ""  # noqa: E731
+        return subprocess.CompletedProcess(["zygote", *args], code, read(out), read(err))
 
 
 def engine_venv(name: str) -> EngineVenv:

@@ -73,12 +73,7 @@ class EngineVenv:
                                    env=self.env(extra_env), timeout=timeout)
             if not xml.exists():
                 raise AssertionError(f"check run produced no report (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
-            outcomes = {}
-            for case in ET.parse(xml).iter("testcase"):
-                name = case.get("name")
-                kinds = {child.tag for child in case}
-                outcomes[name] = ("failed" if "failure" in kinds else "error" if "error" in kinds
-                                  else "skipped" if "skipped" in kinds else "passed")
+            outcomes = junit_outcomes(xml)
             outcomes["__output__"] = r.stdout[-6000:] + r.stderr[-3000:]
             return outcomes
 
@@ -109,6 +104,15 @@ class EngineVenv:
             zygote.lock.release()
         read = lambda p: p.read_text(errors="replace") if p.exists() else ""  # noqa: E731
         return subprocess.CompletedProcess(["zygote", *args], code, read(out), read(err))
+
+
+def junit_outcomes(xml: Path) -> dict[str, str]:
+    outcomes = {}
+    for case in ET.parse(xml).iter("testcase"):
+        kinds = {child.tag for child in case}
+        outcomes[case.get("name")] = ("failed" if "failure" in kinds else "error" if "error" in kinds
+                                      else "skipped" if "skipped" in kinds else "passed")
+    return outcomes
 
 
 def engine_venv(name: str) -> EngineVenv:

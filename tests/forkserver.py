@@ -79,7 +79,8 @@ def differences(base: dict, env: dict, ready: dict) -> list[str]:
 class Zygote:
     """One zygote: started lazily, one check at a time, gone when the outer pytest process is."""
 
-    def __init__(self, python: str, engine: str, base_env: dict, home: Path, entries: list[str] | None = None):
+    def __init__(self, python: str, engine: str, base_env: dict, home: Path, entries: list[str] | None = None,
+                 cwd: Path = REPO):
         self.python, self.engine, self.base_env, self.home = python, engine, base_env, home
         self.dir = Path(tempfile.mkdtemp(prefix=f"{engine}-zygote-"))
         self.template = self.dir / "home-template"
@@ -87,11 +88,11 @@ class Zygote:
         self.ready: dict | None = None
         self.failed: str | None = None
         reply_r, reply_w = os.pipe()
-        config = {"excluded": list(EXCLUDED), "scans": SCANS, "reply_fd": reply_w, "cwd": str(REPO),
+        config = {"excluded": list(EXCLUDED), "scans": SCANS, "reply_fd": reply_w, "cwd": str(cwd),
                   "entries": ENTRIES.get(engine, []) if entries is None else entries}
         self.log = open(self.dir / "zygote.log", "wb")  # lives as long as the zygote
         self.proc = subprocess.Popen([python, str(ZYGOTE), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=self.log, stderr=self.log, cwd=REPO, env=base_env, pass_fds=(reply_w,))
+                                     stdout=self.log, stderr=self.log, cwd=cwd, env=base_env, pass_fds=(reply_w,))
         os.close(reply_w)
         self.replies = os.fdopen(reply_r, "rb")
         self._buf = b""

@@ -123,19 +123,38 @@ class _Recorder:
             setattr(type(os.environ), n, fn)
 
 
+class _StartOrder:
+    """A meta path finder that finds nothing and notes each import as it starts (sys.modules holds them in the
+    order they finished: a package after its submodules)."""
+
+    def __init__(self):
+        self.started: list[str] = []
+
+    def find_spec(self, name, path=None, target=None):
+        self.started.append(name)
+        return None
+
+
 def probe(entries: list[str], out_fd: int) -> None:
-    """In a forked child: import the engine's entry modules, write what came with them, exit."""
+    """In a forked child: import the engine's entry modules, write what came with them, exit. Positions are
+    counted in imports started, so that the zygote replays the engine's writes between the same imports."""
     before = set(sys.modules)
+    order = _StartOrder()
+    sys.meta_path.insert(0, order)
     errors = []
     with _Recorder() as rec:
+        rec.pos = lambda: len(order.started)
         for entry in entries:
             try:
                 __import__(entry)
             except BaseException as exc:  # noqa: B036 - a probe that fails still reports what it loaded
                 errors.append(f"{entry}: {exc!r}")
+    sys.meta_path.remove(order)
     modules = []
-    for name, mod in list(sys.modules.items()):
-        if name in before:
+    for name in order.started:
+        mod = sys.modules.get(name)
+        if name in before or mod is None:
+            modules.append([name, False])  # keeps the positions: what did not load is not imported
             continue
         spec = getattr(mod, "__spec__", None)
         modules.append([name, spec is not None and spec.name == name])  # importable under its own name
@@ -189,7 +208,7 @@ def preimport(found: dict) -> dict:
     t0 = time.monotonic()
     with _Recorder() as rec:
         for i, name in order:
-            while pending and pending[0][2] <= i:
+            while pending and pending[0][2] <= i:  # the engine wrote it before this import started
                 key, value, _, _ = pending.pop(0)
                 if value is None:
                     os.environ.pop(key, None)

@@ -87,6 +87,7 @@ class Zygote:
         self.lock = threading.Lock()
         self.ready: dict | None = None
         self.failed: str | None = None
+        self.runs = 0  # checks forked
         reply_r, reply_w = os.pipe()
         config = {"excluded": list(EXCLUDED), "scans": SCANS, "reply_fd": reply_w, "cwd": str(cwd),
                   "entries": ENTRIES.get(engine, []) if entries is None else entries}
@@ -149,6 +150,7 @@ class Zygote:
         if not started or started.get("op") != "started":
             raise RuntimeError(f"the {self.engine} zygote did not start the check: {started}")
         pid = started["pid"]
+        self.runs += 1
         done = self._message(timeout)
         if done is None:
             try:

@@ -78,8 +78,10 @@ class EngineVenv:
             return outcomes
 
 
-    # seconds a check waits for the venv's zygote to finish its imports; 0: a new process meanwhile
-    zygote_wait: float = 0.0
+    # seconds the first check waits for the venv's zygote to finish its imports (about two imports of the engine:
+    # its probe, then the dependencies), past which it runs in a new process; None: no limit. Waiting costs no
+    # more than the new processes would, on a busy box less: a zygote importing beside them slows them down.
+    zygote_wait: float | None = 600.0
 
     def _forked(self, args: list[str], extra_env: dict | None, timeout: float,
                 tmp: Path) -> subprocess.CompletedProcess | None:

@@ -261,6 +261,7 @@ def child(req: dict) -> None:
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     sys.argv = ["-m", *req["args"]]
+    sys.orig_argv = [sys.orig_argv[0], "-m", "pytest", *req["args"]]
     import runpy
 
     runpy._run_module_as_main("pytest")  # sets sys.argv[0] to pytest/__main__.py; raises SystemExit

@@ -158,9 +158,10 @@ def probe(entries: list[str], out_fd: int) -> None:
             continue
         spec = getattr(mod, "__spec__", None)
         modules.append([name, spec is not None and spec.name == name])  # importable under its own name
+    text = json.dumps({"modules": modules, "reads": rec.reads, "writes": rec.writes, "scans": rec.scans,
+                       "errors": errors}, default=repr)  # whole or not at all: a key may be no string
     with os.fdopen(out_fd, "w") as out:
-        json.dump({"modules": modules, "reads": rec.reads, "writes": rec.writes, "scans": rec.scans,
-                   "errors": errors}, out)
+        out.write(text)
     os._exit(0)
 
 

@@ -38,6 +38,10 @@ OFF_SWITCH = "SSD_STREAM_FORK_SERVER"
 
 # Never imported by the zygote: the engines, the kit and the tests (they change state between checks).
 EXCLUDED = ("sglang", "vllm", "sglang_ssd_stream", "vllm_ple_offload", "tests")
+# Dependencies the zygote leaves to the checks: their import starts threads (humming's background kernel builds and
+# their reaper threads), and a fork keeps only the thread that forks. A dependency found starting one stops the
+# zygote (its ready says which), and its checks run in new processes.
+STARTS_THREADS = ("humming",)
 # The heavy modules the probe imports to learn the engine's dependencies.
 ENTRIES = {
     "sglang": ["sglang.srt.managers.scheduler", "sglang.srt.managers.tokenizer_manager",
@@ -89,8 +93,8 @@ class Zygote:
         self.failed: str | None = None
         self.runs = 0  # checks forked
         reply_r, reply_w = os.pipe()
-        config = {"excluded": list(EXCLUDED), "scans": SCANS, "reply_fd": reply_w, "cwd": str(cwd),
-                  "entries": ENTRIES.get(engine, []) if entries is None else entries}
+        config = {"excluded": list(EXCLUDED), "avoid": list(STARTS_THREADS), "scans": SCANS, "reply_fd": reply_w,
+                  "cwd": str(cwd), "entries": ENTRIES.get(engine, []) if entries is None else entries}
         self.log = open(self.dir / "zygote.log", "wb")  # lives as long as the zygote
         self.proc = subprocess.Popen([python, str(ZYGOTE), json.dumps(config)], stdin=subprocess.PIPE,
                                      stdout=self.log, stderr=self.log, cwd=cwd, env=base_env, pass_fds=(reply_w,))
@@ -124,7 +128,8 @@ class Zygote:
                 return None
             self.ready = msg
             if msg.get("threads", 1) != 1:
-                self.failed = f"the zygote runs {msg['threads']} Python threads after its imports: forks are unsafe"
+                self.failed = (f"the zygote runs {msg['threads']} Python threads after its imports (the first after "
+                               f"{msg.get('thread_starter')}): forks are unsafe")
                 self.close()
                 return None
             if self.home.exists():  # what the imports left in HOME: every check starts from it
@@ -173,7 +178,8 @@ class Zygote:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.failed is None:  # else its log stays for the curious
+            shutil.rmtree(self.dir, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
 
 

@@ -68,6 +68,10 @@ def _reply(**msg) -> None:
     REPLY.flush()
 
 
+def _text(x) -> str:
+    return os.fsdecode(x) if isinstance(x, (str, bytes)) else repr(x)
+
+
 class _Recorder:
     """Python-level reads, writes and scans of ``os.environ`` with the position (modules loaded so far) and the
     module that made them; C code calling getenv() is not seen."""
@@ -83,7 +87,7 @@ class _Recorder:
         orig = self._orig
 
         def getitem(env, key):
-            rec.reads.append([key, rec.pos(), *rec.caller()])
+            rec.reads.append([_text(key), rec.pos(), *rec.caller()])  # os.environb's keys are bytes
             return orig["__getitem__"](env, key)
 
         def iterate(env):
@@ -91,11 +95,11 @@ class _Recorder:
             return orig["__iter__"](env)
 
         def setitem(env, key, value):
-            rec.writes.append([key, value, rec.pos(), rec.caller()[0]])
+            rec.writes.append([_text(key), _text(value), rec.pos(), rec.caller()[0]])
             return orig["__setitem__"](env, key, value)
 
         def delitem(env, key):
-            rec.writes.append([key, None, rec.pos(), rec.caller()[0]])
+            rec.writes.append([_text(key), None, rec.pos(), rec.caller()[0]])
             return orig["__delitem__"](env, key)
 
         self._new = {"__getitem__": getitem, "__iter__": iterate, "__setitem__": setitem, "__delitem__": delitem}
@@ -202,10 +206,10 @@ def preimport(found: dict) -> dict:
 
     start_env = dict(os.environ)
     pending = sorted(replays, key=lambda w: w[2])
-    plugins = _pytest_plugins()
+    plugins = _pytest_plugins() | set(CONFIG.get("avoid", []))
     order = [(i, name) for i, (name, own) in enumerate(found.get("modules", []))
              if own and not _excluded(name) and name.split(".", 1)[0] not in plugins]
-    imported, failed = 0, []
+    imported, failed, thread_starter = 0, [], []
     t0 = time.monotonic()
     with _Recorder() as rec:
         for i, name in order:
@@ -220,6 +224,8 @@ def preimport(found: dict) -> dict:
             try:
                 __import__(name)
                 imported += 1
+                if threading.active_count() > 1 and not thread_starter:
+                    thread_starter = [name, [t.name for t in threading.enumerate()]]
             except BaseException as exc:  # noqa: B036 - an optional dependency refuses to load on this CPU box
                 # what it left in sys.modules stays, as it would after the engine's own first attempt
                 failed.append(f"{name}: {exc!r}"[:300])
@@ -232,7 +238,7 @@ def preimport(found: dict) -> dict:
         "observed": sorted({k for k, _, c, scan in rec.reads if _seen(k, c, scan)} | set(replay_inputs)),
         "scans": sorted({c for _, c in rec.scans} | set(replay_scans)),
         "replayed": sorted(replayed), "delta": delta, "removed": removed,
-        "modules": sorted(sys.modules), "threads": threading.active_count(),
+        "modules": sorted(sys.modules), "threads": threading.active_count(), "thread_starter": thread_starter,
         # native pools (OpenBLAS starts its threads at numpy's import) stop and restart around fork themselves
         "native_threads": len(os.listdir("/proc/self/task")),
         "probe_errors": found.get("errors", []),

@@ -89,6 +89,8 @@ class EngineVenv:
         new process: the server is off, still importing, busy, dead, or the check's environment differs."""
         if not forkserver.enabled():
             return None
+        if forkserver.differences(self.env(home="~"), self.env(extra_env, home="~"), {}):
+            return None  # a difference no zygote allows: none is started for it
         zygote = forkserver.known_zygote(self.python) or forkserver.zygote_for(self.python, self.name, self.env())
         ready = zygote.wait_ready(self.zygote_wait)
         if ready is None or forkserver.differences(zygote.base_env, self.env(extra_env, home=str(zygote.home)),

@@ -222,3 +222,12 @@ def test_the_off_switch(monkeypatch):
 
     assert EngineVenv("sglang", sys.executable)._forked(["--version"], None, 10, Path("/nonexistent")) is None
     assert forkserver.known_zygote(sys.executable) is None
+
+
+def test_a_check_no_zygote_may_run_starts_none(monkeypatch):
+    monkeypatch.delenv(forkserver.OFF_SWITCH, raising=False)
+    from .engine import EngineVenv
+
+    eng = EngineVenv("sglang", sys.executable)
+    assert eng._forked(["--version"], {"TRITON_INTERPRET": "0"}, 10, Path("/nonexistent")) is None
+    assert forkserver.known_zygote(sys.executable) is None

@@ -16,9 +16,11 @@ written only by rename (:func:`private_venv`); test_9 checks the shared venv is 
 Budget (CI: 2 cores): four serving starts, about 70-90 s each (three Python processes import vLLM), four refusals
 that end in seconds (the plugin refuses before vLLM builds the model), 8 tokens per request; and one start of
 about 4 minutes that serves proofs 4-6 (chunked prefill with an abort, ``validate``, ``watch``) at once.
-One more start of about 2.7 minutes serves (b) with MTP 2 (test_7; its baseline is (b) itself). Three more
-serving starts (about 70-90 s each) are one chain over a private sidecar copy and data directory: the hot file
-across stops (test_8; each start reads one hot file, and its three proofs need three different outcomes).
+One more start of about 2.7 minutes serves (b) with MTP 2 (test_7; its baseline is (b) itself). The hot file
+across stops (test_8) is one chain of three starts over a private sidecar copy and data directory (each start
+reads one hot file, and its three proofs need three different outcomes); its first start is (b)'s own (the forged
+file it must refuse leaves its row cache cold, as (b)'s always was), so it adds two serving starts (about 70-90 s
+each): 12 starts in all. Serving starts share vLLM's model-inspection cache (:data:`MODELINFO_CACHE`).
 """
 
 from __future__ import annotations
@@ -295,10 +297,22 @@ def vllm_table(stage, qwen4_model) -> Scenario:
 
 
 @pytest.fixture(scope="session")
-def streamed_mmap(stage, qwen4_model, sidecar) -> Scenario:
-    """(b) The streamed sidecar read through ``mmap``, the default row cache (1024 MiB) and prompt-ahead prefetch."""
-    return stage.serve("streamed-mmap", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
-                       env=streamed("mmap", sidecar))
+def streamed_mmap(stage, qwen4_model, hot_setup) -> Scenario:
+    """(b) The streamed sidecar read through ``mmap``, the default row cache (1024 MiB) and prompt-ahead prefetch.
+
+    It is also the first start of the hot file's chain (:func:`hot_forged`, test_8): the sidecar is the chain's
+    private copy (the same bytes as :func:`sidecar`), the data directory the chain's, holding a forged hot file
+    that the worker must refuse once, so the row cache starts cold as (b)'s always did; the file is written only
+    at the stop (``VLLM_PLE_HOT_INTERVAL_S=0``: with the default 600 s nothing is written while (b) serves
+    either). One start serves both proofs."""
+    from ..hot_forgery import header
+
+    sc = stage.serve("streamed-mmap", qwen4_model, greedy_after_log,
+                     env=hot_env(hot_setup["sidecar"], hot_setup["home"]))
+    sc.results["after_stop"] = hot_files(hot_setup["home"])
+    if hot_setup["path"].exists():
+        sc.results["header"] = header(hot_setup["path"])
+    return sc
 
 
 @pytest.fixture(scope="session")
@@ -359,8 +373,9 @@ def spec_counters(server: VllmServer) -> dict:
 
 @pytest.fixture(scope="session")
 def streamed_mmap_mtp(stage, qwen4_mtp_model, sidecar) -> Scenario:
-    """(b)'s configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the same sidecar) on the
-    checkpoint with its MTP draft, served with MTP 2: the greedy runs, then vLLM's spec-decode counters."""
+    """(b)'s configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the sidecar whose bytes (b)
+    reads) on the checkpoint with its MTP draft, served with MTP 2: the greedy runs, then vLLM's spec-decode
+    counters."""
     # the verify-step fetch on (off by default) and no hot file: it must be seen to read rows a cold cache lacks
     # (test_7)
     return stage.serve("streamed-mmap-mtp", qwen4_mtp_model,
@@ -549,8 +564,9 @@ def patched_chunked(stage, engine, patched_venv, qwen4_model, sidecar, root) -> 
 
 # One chain of three starts on a private copy of the sidecar and one private data directory
 # (SGLANG_SSD_STREAM_HOME), the hot file written only at a stop (VLLM_PLE_HOT_INTERVAL_S=0):
-#   1 hot-forged: a forged file at the worker's path (the kit's own profile, rows changed, checksums recomputed,
-#     identities kept: tests/hot_forgery.py) is refused once, cold; the stop writes the real file (s, a)
+#   1 streamed-mmap, (b) itself (:func:`hot_forged` is :func:`streamed_mmap`): a forged file at the worker's path
+#     (the kit's own profile, rows changed, checksums recomputed, identities kept: tests/hot_forgery.py) is
+#     refused once, cold; the stop writes the real file (s, a)
 #   2 hot-restart: loads it before the first request (s); then a table is rewritten in place with its mtime put
 #     back, and the stop refuses to save (b)
 #   3 hot-restored: the operator renamed the right table over it; the file bound to the old one is refused (b)
@@ -602,15 +618,10 @@ def hot_setup(engine, qwen4_model, sidecar, root) -> dict:
 
 
 @pytest.fixture(scope="session")
-def hot_forged(stage, qwen4_model, hot_setup) -> Scenario:
-    """Start 1: the forged file at the worker's path; the stop writes the real file."""
-    sc = stage.serve("hot-forged", qwen4_model, greedy_after_log, env=hot_env(hot_setup["sidecar"], hot_setup["home"]))
-    from ..hot_forgery import header
-
-    sc.results["after_stop"] = hot_files(hot_setup["home"])
-    if hot_setup["path"].exists():
-        sc.results["header"] = header(hot_setup["path"])
-    return sc
+def hot_forged(streamed_mmap) -> Scenario:
+    """Start 1: the forged file at the worker's path; the stop writes the real file. This is (b)'s start,
+    :func:`streamed_mmap`: its configuration is (b)'s, on the chain's sidecar copy and data directory."""
+    return streamed_mmap
 
 
 def rewrite_in_place(table: Path) -> dict:

@@ -113,18 +113,28 @@ class Scenario:
         return [line for line in lines if re.search(pattern, line)]
 
 
+# Serving starts share one VLLM_CACHE_ROOT: vLLM keeps the model class's inspection there (``modelinfos/``, keyed
+# by the SHA of the model module's sources), so every serving start after the first skips the inspection
+# subprocess (``python -m vllm.model_executor.models.registry``: one more import of vLLM and torch, ~10 s of CPU
+# per start). Its output is captured by vLLM, so no test reads it; the API server and the worker still import the
+# model module themselves. The refusals keep their own empty cache (their HOME): the flipped sidecar must be
+# caught in that subprocess (test_3).
+MODELINFO_CACHE = "VLLM_CACHE_ROOT"
+
+
 class Stage:
     """Runs one server at a time and records what the tests need."""
 
     def __init__(self, python: str, root: Path):
         self.python, self.root = python, root
+        self.cache_root = root / "vllm-cache"  # see MODELINFO_CACHE
         self.timings: dict[str, float] = {}
         self.scenarios: list[Scenario] = []
 
     def _server(self, name: str, model: Path, env: dict, python: str | None = None,
-                args: tuple[str, ...] = ()) -> VllmServer:
-        return VllmServer(python or self.python, model, self.root / name / "home", env=dict(env), name=name,
-                          args=list(args))
+                args: tuple[str, ...] = (), extra: dict | None = None) -> VllmServer:
+        return VllmServer(python or self.python, model, self.root / name / "home", env={**env, **(extra or {})},
+                          name=name, args=list(args))
 
     def _record(self, sc: Scenario, server: VllmServer, t0: float) -> None:
         server.stop()
@@ -138,7 +148,7 @@ class Stage:
               args: tuple[str, ...] = ()) -> Scenario:
         """``python``: another venv's interpreter (a private copy); ``args``: more server flags (the last wins)."""
         sc = Scenario(name, env)
-        server = self._server(name, model, env, python, args)
+        server = self._server(name, model, env, python, args, extra={MODELINFO_CACHE: str(self.cache_root)})
         t0 = time.monotonic()
         try:
             server.start()

@@ -32,6 +32,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,7 +208,9 @@ def engine() -> EngineVenv:
 
 @pytest.fixture(scope="session")
 def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("e2e_vllm")
+    yield tmp_path_factory.mktemp("e2e_vllm")
+    for path in list(_removals):  # the private venv copies, removed while later scenarios ran
+        removed(path)
 
 
 @pytest.fixture(scope="session")
@@ -432,6 +435,25 @@ def private_venv(engine: EngineVenv, dest: Path) -> tuple[EngineVenv, float]:
     return EngineVenv("vllm", str(dest / "bin" / "python")), time.monotonic() - t0
 
 
+_removals: dict[Path, threading.Thread] = {}
+
+
+def remove_soon(path: Path) -> None:
+    """Start removing ``path`` (a private venv copy) in a thread. Its ~93k hard links take 25-30 s to unlink on
+    the 2-core box's ext4, nearly all of it waiting on the disk (under 1 s of CPU), so the removal overlaps the
+    next server's start instead of adding to the session's end; :func:`removed` waits for it."""
+    if path not in _removals:
+        _removals[path] = threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True},
+                                           name=f"rm {path.name}", daemon=True)
+        _removals[path].start()
+
+
+def removed(path: Path) -> None:
+    """``path`` removed: the removal :func:`remove_soon` started, or one started now, finished."""
+    remove_soon(path)
+    _removals[path].join()
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Write ``data`` as a new file renamed over ``path`` (never into the hard-linked inode)."""
     tmp = path.with_name(path.name + ".e2e-new")
@@ -459,9 +481,10 @@ def unknown_source(stage, engine, qwen4_model, sidecar, root) -> Scenario:
                           timeout=120)
         sc.results = {"copy_seconds": copy_s, "status": status, "python": venv.python,
                       "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+        remove_soon(dest)  # the tests read only the results above
         yield sc
     finally:
-        shutil.rmtree(dest, ignore_errors=True)
+        removed(dest)
 
 
 # ----------------------------------------------------------------------------- the patched, chunked server (2, 4, 5)
@@ -504,7 +527,7 @@ def patched_venv(engine, root):
         yield venv, {"python": venv.python, "copy_seconds": copy_s, "patch_seconds": patch_s, "states": venv.states(),
                      "target": target_status(venv), "guard": guard.stdout + guard.stderr}
     finally:
-        shutil.rmtree(dest, ignore_errors=True)
+        removed(dest)
 
 
 def _activity_after(server: VllmServer, mark: str) -> int:
@@ -567,6 +590,7 @@ def patched_chunked(stage, engine, patched_venv, qwen4_model, sidecar, root) -> 
                      env=env, python=venv.python,
                      args=("--max-num-batched-tokens", str(CHUNK), "--max-model-len", str(CONTEXT)))
     sc.results["venv"] = facts
+    remove_soon(Path(venv.python).parent.parent)  # its one server has stopped; the tests read only the results
     return sc
 
 

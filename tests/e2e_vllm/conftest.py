@@ -524,8 +524,11 @@ def patched_venv(engine, root):
         patch_s = time.monotonic() - t0
         guard = subprocess.run([venv.python, "-c", GUARD_VERDICT], capture_output=True, text=True, env=venv.env(),
                                timeout=120)
-        yield venv, {"python": venv.python, "copy_seconds": copy_s, "patch_seconds": patch_s, "states": venv.states(),
-                     "target": target_status(venv), "guard": guard.stdout + guard.stderr}
+        # one ``patch status`` for both facts below (``states()`` and ``target_status()`` each ran one)
+        files = venv.status()["files"]
+        (target,) = [f for f in files if f["path"] == PATCH_TARGET]
+        yield venv, {"python": venv.python, "copy_seconds": copy_s, "patch_seconds": patch_s,
+                     "states": {f["state"] for f in files}, "target": target, "guard": guard.stdout + guard.stderr}
     finally:
         removed(dest)
 

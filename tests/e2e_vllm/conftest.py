@@ -16,9 +16,11 @@ written only by rename (:func:`private_venv`); test_9 checks the shared venv is 
 Budget (CI: 2 cores): four serving starts, about 70-90 s each (three Python processes import vLLM), four refusals
 that end in seconds (the plugin refuses before vLLM builds the model), 8 tokens per request; and one start of
 about 4 minutes that serves proofs 4-6 (chunked prefill with an abort, ``validate``, ``watch``) at once.
-One more start of about 2.7 minutes serves (b) with MTP 2 (test_7; its baseline is (b) itself). Three more
-serving starts (about 70-90 s each) are one chain over a private sidecar copy and data directory: the hot file
-across stops (test_8; each start reads one hot file, and its three proofs need three different outcomes).
+One more start of about 2.7 minutes serves (b) with MTP 2 (test_7; its baseline is (b) itself). The hot file
+across stops (test_8) is one chain of three starts over a private sidecar copy and data directory (each start
+reads one hot file, and its three proofs need three different outcomes); its first start is (b)'s own (the forged
+file it must refuse leaves its row cache cold, as (b)'s always was), so it adds two serving starts (about 70-90 s
+each): 12 starts in all. Serving starts share vLLM's model-inspection cache (:data:`MODELINFO_CACHE`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,18 +114,28 @@ class Scenario:
         return [line for line in lines if re.search(pattern, line)]
 
 
+# Serving starts share one VLLM_CACHE_ROOT: vLLM keeps the model class's inspection there (``modelinfos/``, keyed
+# by the SHA of the model module's sources), so every serving start after the first skips the inspection
+# subprocess (``python -m vllm.model_executor.models.registry``: one more import of vLLM and torch, ~10 s of CPU
+# per start). Its output is captured by vLLM, so no test reads it; the API server and the worker still import the
+# model module themselves. The refusals keep their own empty cache (their HOME): the flipped sidecar must be
+# caught in that subprocess (test_3).
+MODELINFO_CACHE = "VLLM_CACHE_ROOT"
+
+
 class Stage:
     """Runs one server at a time and records what the tests need."""
 
     def __init__(self, python: str, root: Path):
         self.python, self.root = python, root
+        self.cache_root = root / "vllm-cache"  # see MODELINFO_CACHE
         self.timings: dict[str, float] = {}
         self.scenarios: list[Scenario] = []
 
     def _server(self, name: str, model: Path, env: dict, python: str | None = None,
-                args: tuple[str, ...] = ()) -> VllmServer:
-        return VllmServer(python or self.python, model, self.root / name / "home", env=dict(env), name=name,
-                          args=list(args))
+                args: tuple[str, ...] = (), extra: dict | None = None) -> VllmServer:
+        return VllmServer(python or self.python, model, self.root / name / "home", env={**env, **(extra or {})},
+                          name=name, args=list(args))
 
     def _record(self, sc: Scenario, server: VllmServer, t0: float) -> None:
         server.stop()
@@ -136,7 +149,7 @@ class Stage:
               args: tuple[str, ...] = ()) -> Scenario:
         """``python``: another venv's interpreter (a private copy); ``args``: more server flags (the last wins)."""
         sc = Scenario(name, env)
-        server = self._server(name, model, env, python, args)
+        server = self._server(name, model, env, python, args, extra={MODELINFO_CACHE: str(self.cache_root)})
         t0 = time.monotonic()
         try:
             server.start()
@@ -195,7 +208,9 @@ def engine() -> EngineVenv:
 
 @pytest.fixture(scope="session")
 def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("e2e_vllm")
+    yield tmp_path_factory.mktemp("e2e_vllm")
+    for path in list(_removals):  # the private venv copies, removed while later scenarios ran
+        removed(path)
 
 
 @pytest.fixture(scope="session")
@@ -295,10 +310,22 @@ def vllm_table(stage, qwen4_model) -> Scenario:
 
 
 @pytest.fixture(scope="session")
-def streamed_mmap(stage, qwen4_model, sidecar) -> Scenario:
-    """(b) The streamed sidecar read through ``mmap``, the default row cache (1024 MiB) and prompt-ahead prefetch."""
-    return stage.serve("streamed-mmap", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
-                       env=streamed("mmap", sidecar))
+def streamed_mmap(stage, qwen4_model, hot_setup) -> Scenario:
+    """(b) The streamed sidecar read through ``mmap``, the default row cache (1024 MiB) and prompt-ahead prefetch.
+
+    It is also the first start of the hot file's chain (:func:`hot_forged`, test_8): the sidecar is the chain's
+    private copy (the same bytes as :func:`sidecar`), the data directory the chain's, holding a forged hot file
+    that the worker must refuse once, so the row cache starts cold as (b)'s always did; the file is written only
+    at the stop (``VLLM_PLE_HOT_INTERVAL_S=0``: with the default 600 s nothing is written while (b) serves
+    either). One start serves both proofs."""
+    from ..hot_forgery import header
+
+    sc = stage.serve("streamed-mmap", qwen4_model, greedy_after_log,
+                     env=hot_env(hot_setup["sidecar"], hot_setup["home"]))
+    sc.results["after_stop"] = hot_files(hot_setup["home"])
+    if hot_setup["path"].exists():
+        sc.results["header"] = header(hot_setup["path"])
+    return sc
 
 
 @pytest.fixture(scope="session")
@@ -359,8 +386,9 @@ def spec_counters(server: VllmServer) -> dict:
 
 @pytest.fixture(scope="session")
 def streamed_mmap_mtp(stage, qwen4_mtp_model, sidecar) -> Scenario:
-    """(b)'s configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the same sidecar) on the
-    checkpoint with its MTP draft, served with MTP 2: the greedy runs, then vLLM's spec-decode counters."""
+    """(b)'s configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the sidecar whose bytes (b)
+    reads) on the checkpoint with its MTP draft, served with MTP 2: the greedy runs, then vLLM's spec-decode
+    counters."""
     # the verify-step fetch on (off by default) and no hot file: it must be seen to read rows a cold cache lacks
     # (test_7)
     return stage.serve("streamed-mmap-mtp", qwen4_mtp_model,
@@ -407,6 +435,25 @@ def private_venv(engine: EngineVenv, dest: Path) -> tuple[EngineVenv, float]:
     return EngineVenv("vllm", str(dest / "bin" / "python")), time.monotonic() - t0
 
 
+_removals: dict[Path, threading.Thread] = {}
+
+
+def remove_soon(path: Path) -> None:
+    """Start removing ``path`` (a private venv copy) in a thread. Its ~93k hard links take 25-30 s to unlink on
+    the 2-core box's ext4, nearly all of it waiting on the disk (under 1 s of CPU), so the removal overlaps the
+    next server's start instead of adding to the session's end; :func:`removed` waits for it."""
+    if path not in _removals:
+        _removals[path] = threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True},
+                                           name=f"rm {path.name}", daemon=True)
+        _removals[path].start()
+
+
+def removed(path: Path) -> None:
+    """``path`` removed: the removal :func:`remove_soon` started, or one started now, finished."""
+    remove_soon(path)
+    _removals[path].join()
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Write ``data`` as a new file renamed over ``path`` (never into the hard-linked inode)."""
     tmp = path.with_name(path.name + ".e2e-new")
@@ -434,9 +481,10 @@ def unknown_source(stage, engine, qwen4_model, sidecar, root) -> Scenario:
                           timeout=120)
         sc.results = {"copy_seconds": copy_s, "status": status, "python": venv.python,
                       "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+        remove_soon(dest)  # the tests read only the results above
         yield sc
     finally:
-        shutil.rmtree(dest, ignore_errors=True)
+        removed(dest)
 
 
 # ----------------------------------------------------------------------------- the patched, chunked server (2, 4, 5)
@@ -476,10 +524,13 @@ def patched_venv(engine, root):
         patch_s = time.monotonic() - t0
         guard = subprocess.run([venv.python, "-c", GUARD_VERDICT], capture_output=True, text=True, env=venv.env(),
                                timeout=120)
-        yield venv, {"python": venv.python, "copy_seconds": copy_s, "patch_seconds": patch_s, "states": venv.states(),
-                     "target": target_status(venv), "guard": guard.stdout + guard.stderr}
+        # one ``patch status`` for both facts below (``states()`` and ``target_status()`` each ran one)
+        files = venv.status()["files"]
+        (target,) = [f for f in files if f["path"] == PATCH_TARGET]
+        yield venv, {"python": venv.python, "copy_seconds": copy_s, "patch_seconds": patch_s,
+                     "states": {f["state"] for f in files}, "target": target, "guard": guard.stdout + guard.stderr}
     finally:
-        shutil.rmtree(dest, ignore_errors=True)
+        removed(dest)
 
 
 def _activity_after(server: VllmServer, mark: str) -> int:
@@ -542,6 +593,7 @@ def patched_chunked(stage, engine, patched_venv, qwen4_model, sidecar, root) -> 
                      env=env, python=venv.python,
                      args=("--max-num-batched-tokens", str(CHUNK), "--max-model-len", str(CONTEXT)))
     sc.results["venv"] = facts
+    remove_soon(Path(venv.python).parent.parent)  # its one server has stopped; the tests read only the results
     return sc
 
 
@@ -549,8 +601,9 @@ def patched_chunked(stage, engine, patched_venv, qwen4_model, sidecar, root) -> 
 
 # One chain of three starts on a private copy of the sidecar and one private data directory
 # (SGLANG_SSD_STREAM_HOME), the hot file written only at a stop (VLLM_PLE_HOT_INTERVAL_S=0):
-#   1 hot-forged: a forged file at the worker's path (the kit's own profile, rows changed, checksums recomputed,
-#     identities kept: tests/hot_forgery.py) is refused once, cold; the stop writes the real file (s, a)
+#   1 streamed-mmap, (b) itself (:func:`hot_forged` is :func:`streamed_mmap`): a forged file at the worker's path
+#     (the kit's own profile, rows changed, checksums recomputed, identities kept: tests/hot_forgery.py) is
+#     refused once, cold; the stop writes the real file (s, a)
 #   2 hot-restart: loads it before the first request (s); then a table is rewritten in place with its mtime put
 #     back, and the stop refuses to save (b)
 #   3 hot-restored: the operator renamed the right table over it; the file bound to the old one is refused (b)
@@ -602,15 +655,10 @@ def hot_setup(engine, qwen4_model, sidecar, root) -> dict:
 
 
 @pytest.fixture(scope="session")
-def hot_forged(stage, qwen4_model, hot_setup) -> Scenario:
-    """Start 1: the forged file at the worker's path; the stop writes the real file."""
-    sc = stage.serve("hot-forged", qwen4_model, greedy_after_log, env=hot_env(hot_setup["sidecar"], hot_setup["home"]))
-    from ..hot_forgery import header
-
-    sc.results["after_stop"] = hot_files(hot_setup["home"])
-    if hot_setup["path"].exists():
-        sc.results["header"] = header(hot_setup["path"])
-    return sc
+def hot_forged(streamed_mmap) -> Scenario:
+    """Start 1: the forged file at the worker's path; the stop writes the real file. This is (b)'s start,
+    :func:`streamed_mmap`: its configuration is (b)'s, on the chain's sidecar copy and data directory."""
+    return streamed_mmap
 
 
 def rewrite_in_place(table: Path) -> dict:

@@ -2,8 +2,8 @@
 
 The checkpoint carries its MTP draft (``models.py:add_mtp_weights``: ``mtp.*`` in one more shard of the model
 directory, where vLLM 0.33's ``--speculative-config '{"method":"mtp",...}'`` loads it from) and the server runs
-(b)'s streamed configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the same sidecar) with
-``num_speculative_tokens`` 2, as the kit's vLLM thor profile (write-up 003). The baseline is (b) itself
+(b)'s streamed configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the sidecar whose bytes
+(b) reads) with ``num_speculative_tokens`` 2, as the kit's vLLM thor profile (write-up 003). The baseline is (b) itself
 (``streamed_mmap``, MTP off; test_2 proves it equal to vLLM's own table): the target's tensors are the same
 bytes, only the draft's shard and ``text_config.mtp_num_hidden_layers`` were added.
 

@@ -28,16 +28,21 @@ RED_INTERPRETED = {"test_interpreted_launch_uses_fitted_tiles"}
 GUARDS_INTERPRETED = {"test_interpreter_measures_nothing_and_keeps_the_table_tile"}
 
 
-def test_red_on_pristine_green_when_patched(vllm_private):
+def test_red_on_pristine_green_when_patched(vllm_private, tmp_path):
+    # One Triton cache for both compile runs: the patch leaves the kernels' source as it is, so the
+    # patched run loads from disk what the pristine run compiled for the same tiles (the cache key
+    # hashes the kernel's source, so a changed kernel would compile afresh). Within each run the
+    # identity checks use Triton's in-memory JIT cache, as before.
+    compile_env = {**COMPILE_ENV, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     vllm_private.ensure_pristine()
-    red = vllm_private.run_checks(COMPILE, extra_env=COMPILE_ENV)
+    red = vllm_private.run_checks(COMPILE, extra_env=compile_env)
     assert outcomes_only(red) == {**{t: "failed" for t in RED}, **{t: "passed" for t in GUARDS}}, red["__output__"]
     red_i = vllm_private.run_checks(INTERPRET, extra_env=INTERPRET_ENV)
     assert outcomes_only(red_i) == {**{t: "failed" for t in RED_INTERPRETED},
                                     **{t: "passed" for t in GUARDS_INTERPRETED}}, red_i["__output__"]
 
     vllm_private.ensure_patched()
-    green = vllm_private.run_checks(COMPILE, extra_env=COMPILE_ENV)
+    green = vllm_private.run_checks(COMPILE, extra_env=compile_env)
     assert outcomes_only(green) == {t: "passed" for t in RED | GUARDS}, green["__output__"]
     green_i = vllm_private.run_checks(INTERPRET, extra_env=INTERPRET_ENV)
     assert outcomes_only(green_i) == {t: "passed" for t in RED_INTERPRETED | GUARDS_INTERPRETED}, green_i["__output__"]

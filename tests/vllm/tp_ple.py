@@ -6,7 +6,10 @@ the vLLM venv (``--engine vllm``) and in the SGLang venv (``--engine sglang``)::
 
     python -m tests.vllm.tp_ple --engine vllm --world 2 --out /tmp/tp
 
-Every rank reads only the rows its range owns (``SidecarReader(vocab_start, vocab_end)``; other
+The ranges are the engine's, computed once by the driver (the range function is pure in ``rank``
+and ``world``, so each rank gets exactly what it would compute itself) and handed to the ranks,
+which import torch and our sidecar reader but not the engine (its import is most of a rank's
+start). Every rank reads only the rows its range owns (``SidecarReader(vocab_start, vocab_end)``; other
 ranks' rows stay zero), then an all-reduce over gloo assembles full rows: FP8 bytes as an
 ``int8`` view (exactly one rank owns each row, so the sum is that rank's byte), BF16 as BF16
 (``x + 0`` is exact for the finite, non-negative-zero values the test table holds). The result
@@ -62,8 +65,8 @@ def _rank(rank: int, world: int, args) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
     table = load_manifest(args.sidecar).table(args.layer)
-    lo, hi = engine_range(args.engine, table.rows, args.divisor, rank, world)
-    bounds = [engine_range(args.engine, table.rows, args.divisor, r, world) for r in range(world)]
+    bounds = args.bounds  # the engine's own ranges, computed by the driver (run)
+    lo, hi = bounds[rank]
     cases = id_cases(table.rows, bounds)
     with SidecarReader(table, vocab_start=lo, vocab_end=hi, max_rows=4096, workers=2) as reader:
         out = {}
@@ -79,7 +82,6 @@ def _rank(rank: int, world: int, args) -> None:
             out[name] = t.view(torch.uint8).numpy().copy()
     if rank == 0:
         np.savez(Path(args.out) / "tp.npz", **out)
-        (Path(args.out) / "bounds.json").write_text(json.dumps(bounds))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -95,11 +97,11 @@ def run(engine: str, sidecar: str, layer: int, divisor: int, world: int, out: st
 
     from sglang_ssd_stream.sidecar import SidecarReader, load_manifest
 
-    args = argparse.Namespace(engine=engine, sidecar=sidecar, layer=layer, divisor=divisor, out=out, port=free_port())
+    table = load_manifest(sidecar).table(layer)
+    bounds = [engine_range(engine, table.rows, divisor, r, world) for r in range(world)]
+    args = argparse.Namespace(sidecar=sidecar, layer=layer, out=out, port=free_port(), bounds=bounds)
     Path(out).mkdir(parents=True, exist_ok=True)
     mp.start_processes(_rank, args=(world, args), nprocs=world, start_method="spawn")
-    table = load_manifest(sidecar).table(layer)
-    bounds = [tuple(b) for b in json.loads((Path(out) / "bounds.json").read_text())]
     got = np.load(Path(out) / "tp.npz")
     report = {"engine": engine, "world": world, "dtype": table.dtype, "rows": table.rows, "bounds": bounds,
               "cases": {}}

@@ -78,9 +78,13 @@ class Stage:
         self.engine, self.root, self.driver = engine, root, driver
         self.timings: dict[str, tuple[float, float]] = {}  # name -> (wall s, server CPU s)
         self.scenarios: list[Scenario] = []
+        self.state: str | None = None  # the engine state this stage last put and verified (nothing else sets it)
 
     def _engine_state(self, state: str) -> None:
-        (self.engine.ensure_patched if state == "patched" else self.engine.ensure_pristine)()
+        if state != self.state:  # every server's plugin checks the source again in each of its processes
+            self.state = None
+            (self.engine.ensure_patched if state == "patched" else self.engine.ensure_pristine)()
+            self.state = state
 
     def serve(self, name: str, state: str, model: Path, exercise, *, standin: bool = False, args=(), env=None,
               ) -> Scenario:

@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from .server import CONTEXT, SglangServer
+from .server import CONTEXT, POLL_S, SglangServer
 
 BODY_LIMIT_MB = 4  # SGLANG_MAX_REQUEST_BODY_MB for the survey's servers (patch 0007; default 16)
 BODY_TIMEOUT_S = 5  # SGLANG_REQUEST_BODY_TIMEOUT for them (default 30)
@@ -293,12 +293,27 @@ LEAK_MARKERS = ("Traceback", 'File "', "site-packages", ".py\", line", "/sglang/
 def malformed(server: SglangServer, vocab: int, *, stop_at_death: bool = True, skip=()) -> dict:
     """Each malformed request: its status, a bounded excerpt of the body, whether the body leaks traceback
     fragments or file paths, and whether the server still serves afterwards. Stops at the first request after
-    which the server no longer serves (recorded as ``killed_by``); a half-sent request is tried first."""
-    out = {"cases": {}, "killed_by": None, "half_request": _half_request(server, wait=BODY_TIMEOUT_S + 10),
-           "s_per_token": seconds_per_token(server)}
+    which the server no longer serves (recorded as ``killed_by``); a half-sent request is sent first and waits
+    beside the first cases."""
+    # the half-sent request is an idle socket waiting on the server's clock: it waits beside the first cases
+    # (the decode-rate probe, the small ones), not before them; it is over before a big body is sent (parsing
+    # one could delay the server's answer to it)
+    half: dict = {}
+
+    def half_request():
+        try:
+            half.update(_half_request(server, wait=BODY_TIMEOUT_S + 10))
+        except Exception as exc:  # raised in the caller's thread below
+            half["raised"] = exc
+
+    waiter = threading.Thread(target=half_request)
+    waiter.start()
+    out = {"cases": {}, "killed_by": None, "s_per_token": seconds_per_token(server)}
     for name, send in malformed_cases(server, vocab, out["s_per_token"]).items():
         if name in skip:
             continue
+        if name.startswith("body-"):
+            waiter.join(BODY_TIMEOUT_S + 20)
         t0 = time.monotonic()
         try:
             r = send()
@@ -314,6 +329,10 @@ def malformed(server: SglangServer, vocab: int, *, stop_at_death: bool = True, s
             out["killed_by"] = name
             if stop_at_death:
                 break
+    waiter.join(BODY_TIMEOUT_S + 20)
+    if "raised" in half:
+        raise half["raised"]
+    out["half_request"] = half
     return out
 
 
@@ -323,5 +342,5 @@ def wait_dead(server: SglangServer, timeout: float = BOUND) -> dict:
     while time.monotonic() - t0 < timeout:
         if server.proc.poll() is not None:
             return {"exited": True, "code": server.proc.returncode, "seconds": time.monotonic() - t0}
-        time.sleep(1.0)
+        time.sleep(POLL_S)
     return {"exited": False, "seconds": time.monotonic() - t0}

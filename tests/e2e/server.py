@@ -35,6 +35,7 @@ STANDIN = Path(__file__).resolve().parent / "cpu_standin"
 CAPS = ["--max-total-tokens", "4096", "--context-length", "256", "--sleep-on-idle"]
 HYBRID_CAPS = ["--max-mamba-cache-size", "64", "--disable-radix-cache"]  # mamba_hook.py:120 wants the latter
 CONTEXT = 256
+POLL_S = 0.25  # how often a wait for a start, an exit or a death looks again (each look costs a few ms)
 
 # The driver entry points the CUDA build of sgl_kernel links (nm -D --undefined-only over its .so files).
 DRIVER_SYMBOLS = (
@@ -171,7 +172,7 @@ class SglangServer:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(1.0)
+            time.sleep(POLL_S)
         raise ServerFailed(f"{self.name} not healthy in {timeout:.0f} s:\n{self.tail()}")
 
     def wait_exit(self, timeout: float = 420.0) -> int:
@@ -188,7 +189,7 @@ class SglangServer:
                     raise ServerFailed(f"{self.name} became healthy but must have refused to start:\n{self.tail()}")
             except httpx.HTTPError:
                 pass
-            time.sleep(1.0)
+            time.sleep(POLL_S)
         raise ServerFailed(f"{self.name} neither served nor exited in {timeout:.0f} s:\n{self.tail()}")
 
     def stop(self) -> None:

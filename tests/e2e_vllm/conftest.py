@@ -149,7 +149,10 @@ class Stage:
               args: tuple[str, ...] = ()) -> Scenario:
         """``python``: another venv's interpreter (a private copy); ``args``: more server flags (the last wins)."""
         sc = Scenario(name, env)
-        server = self._server(name, model, env, python, args, extra={MODELINFO_CACHE: str(self.cache_root)})
+        # a private copy's start keeps its own cache: its sources differ, and an entry it wrote would make the
+        # shared venv's next start inspect again
+        cache = self.cache_root if python is None else self.root / name / "vllm-cache"
+        server = self._server(name, model, env, python, args, extra={MODELINFO_CACHE: str(cache)})
         t0 = time.monotonic()
         try:
             server.start()

@@ -1,0 +1,239 @@
+"""GPU-HARNESS STAND-IN for sgl_kernel's compiled ``common_ops`` (never shipped; imports nothing of the kit or sglang).
+
+Why: sglang-kernel 0.4.10's ``sm90/common_ops.abi3.so`` links torch's C++ ABI, and three of its 97 symbols are
+absent from the GPU machine's torch 2.11.0 (``undefined symbol: _ZN3c104cuda19CUDAErrorLogCaptureC1Ev``), so it
+cannot load there. ``scripts/gpu/sglang_server_gpu.py`` puts this file at ``sgl_kernel/sm90/common_ops.py`` (and
+``sm100/``) of the carried sgl_kernel tree, whose own loader (``load_utils._load_architecture_specific_ops``) then
+loads it where it would have loaded the ``.so``. sgl_kernel's Python wrappers stay real: they call
+``torch.ops.sgl_kernel.<op>`` as they would call the compiled op.
+
+What it registers (namespace ``sgl_kernel``, CUDA and CPU), each in plain torch (float32 math, cast on store), no
+host sync, so CUDA-graph capturable. Each op says once per process, on stderr, that it ran:
+
+================================  ===============================================================================
+op                                 stands in for (what sglang calls it from on CUDA)
+================================  ===============================================================================
+rmsnorm, fused_add_rmsnorm         the RMSNorm kernels (``layers/layernorm.py`` RMSNorm.forward_cuda, when
+                                   flashinfer is absent: sgl_kernel.elementwise falls back to these ops)
+gemma_rmsnorm, gemma_fused_add_    GemmaRMSNorm (weight ``1 + w``), same route
+rmsnorm
+silu_and_mul, gelu_and_mul,        act-and-mul for widths the JIT kernel refuses (``layers/activation.py``)
+gelu_tanh_and_mul
+topk_softmax, topk_sigmoid         MoE routing (``layers/moe/topk.py``)
+moe_sum_reduce, moe_sum            the fused-MoE output reduction (``moe_runner/triton_utils/fused_moe.py``)
+rotary_embedding                   in-place RoPE with a cos/sin cache (``rotary_embedding/base.py``)
+weak_ref_tensor                    the CUDA graph runner's output refs: here an alias (keeps the storage alive)
+================================  ===============================================================================
+
+Every other ``torch.ops.sgl_kernel.<name>`` resolves to a stub that raises ``NotImplementedError`` naming the op
+when called (``hasattr`` is then true: a path that probes for an op and calls it fails loudly, by name). Which ops
+a server looked up and which it called is printed at exit (``SGL_KERNEL_STANDIN_REPORT`` names a file to append
+the JSON to).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+PREFIX = "sgl_kernel-standin"
+_ran: set[str] = set()
+_missing_called: set[str] = set()
+_looked_up: set[str] = set()
+
+
+def _say(msg: str) -> None:
+    print(f"{PREFIX}: pid {os.getpid()}: {msg}", file=sys.stderr, flush=True)
+
+
+def _mark(name: str) -> None:
+    if name not in _ran:
+        _ran.add(name)
+        _say(f"ran stand-in op sgl_kernel.{name}")
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def rmsnorm(out, input, weight, eps, enable_pdl):
+    _mark("rmsnorm")
+    out.copy_((_rms(input, eps) * weight.float()).to(out.dtype))
+
+
+def fused_add_rmsnorm(input, residual, weight, eps, enable_pdl):
+    _mark("fused_add_rmsnorm")
+    r = input.float() + residual.float()
+    residual.copy_(r.to(residual.dtype))
+    input.copy_((_rms(r, eps) * weight.float()).to(input.dtype))
+
+
+def gemma_rmsnorm(out, input, weight, eps, enable_pdl):
+    _mark("gemma_rmsnorm")
+    out.copy_((_rms(input, eps) * (1.0 + weight.float())).to(out.dtype))
+
+
+def gemma_fused_add_rmsnorm(input, residual, weight, eps, enable_pdl):
+    _mark("gemma_fused_add_rmsnorm")
+    r = input.float() + residual.float()
+    residual.copy_(r.to(residual.dtype))
+    input.copy_((_rms(r, eps) * (1.0 + weight.float())).to(input.dtype))
+
+
+def _act_and_mul(name, act):
+    def op(out, input):
+        _mark(name)
+        d = input.shape[-1] // 2
+        x = input.float()
+        out.copy_((act(x[..., :d]) * x[..., d:]).to(out.dtype))
+    return op
+
+
+def _topk(weights_out, ids_out, scores, renormalize, correction_bias):
+    k = ids_out.shape[-1]
+    choose = scores if correction_bias is None else scores + correction_bias.float()
+    ids = torch.topk(choose, k, dim=-1).indices
+    w = scores.gather(-1, ids)
+    if renormalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    weights_out.copy_(w.to(weights_out.dtype))
+    ids_out.copy_(ids.to(ids_out.dtype))
+
+
+def topk_softmax(topk_weights, topk_ids, gating_output, renormalize, moe_softcapping, correction_bias):
+    _mark("topk_softmax")
+    g = gating_output.float()
+    if moe_softcapping:
+        g = torch.tanh(g / moe_softcapping) * moe_softcapping
+    _topk(topk_weights, topk_ids, torch.softmax(g, dim=-1), renormalize, correction_bias)
+
+
+def topk_sigmoid(topk_weights, topk_ids, gating_output, renormalize, correction_bias):
+    _mark("topk_sigmoid")
+    _topk(topk_weights, topk_ids, torch.sigmoid(gating_output.float()), renormalize, correction_bias)
+
+
+def moe_sum_reduce(input, output, routed_scaling_factor):
+    _mark("moe_sum_reduce")
+    s = input.float().sum(dim=1)
+    if routed_scaling_factor:
+        s = s * routed_scaling_factor
+    output.copy_(s.to(output.dtype))
+
+
+def moe_sum(input, output):
+    _mark("moe_sum")
+    output.copy_(input.float().sum(dim=1).to(output.dtype))
+
+
+def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+    _mark("rotary_embedding")
+    pos = positions.flatten().long()
+    cs = cos_sin_cache.index_select(0, pos).float()  # [T, rot]
+    rot = cs.shape[-1]
+    cos, sin = cs[:, : rot // 2], cs[:, rot // 2:]
+
+    def apply(t):
+        if t is None:
+            return
+        n = pos.numel()
+        v = t.view(n, -1, head_size)
+        x = v[..., :rot].float()
+        c, s = cos[:, None, :], sin[:, None, :]
+        if is_neox:
+            x1, x2 = x[..., : rot // 2], x[..., rot // 2:]
+            y = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+        else:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            y = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+        v[..., :rot].copy_(y.to(t.dtype))
+    apply(query)
+    apply(key)
+
+
+def weak_ref_tensor(tensor):
+    _mark("weak_ref_tensor")
+    return tensor.view(tensor.shape)
+
+
+OPS = {
+    "rmsnorm": ("rmsnorm(Tensor(a!) out, Tensor input, Tensor weight, float eps, bool enable_pdl) -> ()", rmsnorm),
+    "fused_add_rmsnorm": ("fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
+                          "bool enable_pdl) -> ()", fused_add_rmsnorm),
+    "gemma_rmsnorm": ("gemma_rmsnorm(Tensor(a!) out, Tensor input, Tensor weight, float eps, bool enable_pdl) -> ()",
+                      gemma_rmsnorm),
+    "gemma_fused_add_rmsnorm": ("gemma_fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, "
+                                "float eps, bool enable_pdl) -> ()", gemma_fused_add_rmsnorm),
+    "silu_and_mul": ("silu_and_mul(Tensor(a!) out, Tensor input) -> ()", _act_and_mul("silu_and_mul", F.silu)),
+    "gelu_and_mul": ("gelu_and_mul(Tensor(a!) out, Tensor input) -> ()", _act_and_mul("gelu_and_mul", F.gelu)),
+    "gelu_tanh_and_mul": ("gelu_tanh_and_mul(Tensor(a!) out, Tensor input) -> ()",
+                          _act_and_mul("gelu_tanh_and_mul", lambda x: F.gelu(x, approximate="tanh"))),
+    "topk_softmax": ("topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor gating_output, "
+                     "bool renormalize, float moe_softcapping, Tensor? correction_bias) -> ()", topk_softmax),
+    "topk_sigmoid": ("topk_sigmoid(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor gating_output, "
+                     "bool renormalize, Tensor? correction_bias) -> ()", topk_sigmoid),
+    "moe_sum_reduce": ("moe_sum_reduce(Tensor input, Tensor(a!) output, float routed_scaling_factor) -> ()",
+                       moe_sum_reduce),
+    "moe_sum": ("moe_sum(Tensor input, Tensor(a!) output) -> ()", moe_sum),
+    "rotary_embedding": ("rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+                         "Tensor cos_sin_cache, bool is_neox) -> ()", rotary_embedding),
+    "weak_ref_tensor": ("weak_ref_tensor(Tensor(a) tensor) -> Tensor(a)", weak_ref_tensor),
+}
+
+_lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+for _name, (_schema, _fn) in OPS.items():
+    _lib.define(_schema)
+    for _key in ("CUDA", "CPU"):
+        _lib.impl(_name, _fn, _key)
+
+
+class _Missing:
+    """``torch.ops.sgl_kernel.<name>`` for an op nobody stood in: fails by name when called."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.default = self
+
+    def __call__(self, *args, **kwargs):
+        _missing_called.add(self.name)
+        raise NotImplementedError(
+            f"{PREFIX}: sgl_kernel.{self.name} is a compiled op of sgl_kernel, which cannot load on this torch "
+            "(2.11: 3 C++ ABI symbols missing), and no stand-in was written for it")
+
+
+_ns = torch.ops.sgl_kernel
+_base = type(_ns)
+
+
+class _Namespace(_base):
+    def __getattr__(self, name):
+        try:
+            return _base.__getattr__(self, name)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+            _looked_up.add(name)
+            return _Missing(name)
+
+
+_ns.__class__ = _Namespace
+
+
+def _report() -> None:
+    rep = {"pid": os.getpid(), "argv0": sys.argv[0] if sys.argv else "", "ran": sorted(_ran),
+           "missing_looked_up": sorted(_looked_up), "missing_called": sorted(_missing_called)}
+    _say("report " + json.dumps(rep))
+    path = os.environ.get("SGL_KERNEL_STANDIN_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(rep) + "\n")
+
+
+atexit.register(_report)
+_say(f"loaded in place of sgl_kernel's compiled common_ops: {len(OPS)} ops stood in ({', '.join(OPS)})")

@@ -6,10 +6,12 @@ sglang 0.5.23 (it pins torch 2.14.1), so this script carries what it lacks in on
 
 ``pack`` (on the CPU box, writes the git-ignored ``.gpu/sglang-pack/carry``, about 45 MB):
 
-* ``wheels/``: the 50 distributions the server's import chain needs and the machine lacks
+* ``deps.tar.xz``: the 50 distributions the server's import chain needs and the machine lacks
   (``gpu-e2e-feasibility.md``: 37 + IPython's 13 lazy ones), cp312 wheels fetched with ``pip download
-  --require-hashes`` against ``hashes/locks/sglang-0.5.23-py312-x86_64.txt``, and the kit itself as a wheel
-  (``pip wheel .``: its ``sglang.srt.plugins`` entry point is how sglang finds it);
+  --require-hashes`` against ``hashes/locks/sglang-0.5.23-py312-x86_64.txt``, transformers 5.19.0 (sglang's pin;
+  the machine's 5.17.0 refuses the model's QSA layer type), and the kit itself as a wheel (``pip wheel .``: its
+  ``sglang.srt.plugins`` entry point is how sglang finds it), installed here with ``pip install --target`` and
+  carried as one archive (half the wheels' size);
 * ``site.tar.xz``: sglang's own files from the hash-locked cp312 wheel, **patched by the kit's own**
   ``sglang-ssd-stream patch apply --site-packages`` (``patch verify`` must pass; the pristine backups travel
   too), without ``test/``, ``benchmark/``, ``multimodal_gen/`` and the optional Rust ``.so`` files; and
@@ -68,6 +70,10 @@ pydantic pydantic-core python-multipart pyzmq referencing rpds-py setproctitle s
 torch-memory-saver traitlets typing-inspection unidiff uvicorn watchfiles xgrammar zstandard
 asttokens executing ipython-pygments-lexers jedi matplotlib-inline parso pexpect prompt-toolkit ptyprocess pure-eval
 pygments stack-data wcwidth""".split()
+# Present on the machine but older than sglang's pin, and too old for the model: transformers 5.17.0's Qwen4Exp
+# config refuses the QSA layers ("Unsupported Qwen4-Exp layer types: ['indexed_attention']", second GPU call);
+# sglang 0.5.23 pins 5.19.0.
+NEWER = ["transformers"]
 PLATFORMS = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
              "manylinux1_x86_64", "any"]
@@ -109,9 +115,9 @@ def pack(args) -> None:
     carry = PACK / "carry"
     dl = PACK / "wheels"
     shutil.rmtree(carry, ignore_errors=True)
-    (carry / "wheels").mkdir(parents=True)
+    carry.mkdir(parents=True)
     dl.mkdir(parents=True, exist_ok=True)
-    entries = lock_entries([*MISSING, "sglang", "sglang-kernel"])
+    entries = lock_entries([*MISSING, *NEWER, "sglang", "sglang-kernel"])
     req = PACK / "req.txt"
     req.write_text("".join(f"{line} " + " ".join(f"--hash=sha256:{h}" for h in hashes) + "\n"
                            for name, (line, hashes) in entries.items() if name != "sglang-kernel"))
@@ -120,19 +126,27 @@ def pack(args) -> None:
            *[a for p in PLATFORMS for a in ("--platform", p)], "-d", str(dl), "-r", str(req)]
     subprocess.run(cmd, check=True)
     wheels = {}
-    for name in [*MISSING, "sglang"]:
+    for name in [*MISSING, *NEWER, "sglang"]:
         stem = entries[name][0].split("==")
         pat = re.compile(rf"{re.sub('[-_.]+', '[-_.]', stem[0])}-{re.escape(stem[1])}-", re.I)
         (whl,) = [w for w in dl.glob("*.whl") if pat.match(w.name)]
         if sha256(whl) not in entries[name][1]:
             sys.exit(f"{whl.name}: SHA-256 not in the lock")
         wheels[name] = whl
-    for name in MISSING:
-        shutil.copy2(wheels[name], carry / "wheels" / wheels[name].name)
-
     # the kit as users install it (a wheel: its entry point is how sglang finds the plugin)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(carry / "wheels"), str(REPO)],
-                   check=True)
+    kit_dir = PACK / "kit-wheel"
+    shutil.rmtree(kit_dir, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(kit_dir), str(REPO)], check=True)
+    (kit_whl,) = kit_dir.glob("*.whl")
+    # installed here (pip install --target, as the machine would) and carried as one tar.xz: half the wheels' size
+    deps = PACK / "deps"
+    shutil.rmtree(deps, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(deps), *[str(wheels[n]) for n in [*MISSING, *NEWER]], str(kit_whl)], check=True)
+    shutil.rmtree(deps / "bin", ignore_errors=True)
+    with tarfile.open(carry / "deps.tar.xz", "w:xz", preset=6) as t:
+        for p in sorted(deps.iterdir()):
+            t.add(p, arcname=p.name)
 
     # sglang's own files, patched by the kit's own CLI
     site = PACK / "site"
@@ -184,6 +198,7 @@ def pack(args) -> None:
     manifest = {"files": {str(p.relative_to(carry)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
                           for p in sorted(carry.rglob("*")) if p.is_file()},
                 "sglang_wheel": {"file": wheels["sglang"].name, "sha256": sha256(wheels["sglang"])},
+                "wheels": {w.name: sha256(w) for w in [*wheels.values(), kit_whl]},
                 "sglang_kernel_wheel": {"file": kwhl.name, "sha256": sha256(kwhl)},
                 "standin_sha256": sha256(STANDIN), "stripped": [*STRIP, "sglang/**/*.so"]}
     (carry / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
@@ -237,7 +252,7 @@ def scenario(name: str, site: Path, model: Path, sidecar: Path | None, graphs: b
            "--ple-offload-embedding", "--skip-server-warmup", "--attention-backend", "triton",
            "--sampling-backend", "pytorch", "--mem-fraction-static", "0.5", "--max-running-requests", "8"]
     if graphs:
-        cmd += ["--cuda-graph-max-bs", "8"]
+        cmd += ["--cuda-graph-max-bs-decode", "8"]
     else:
         cmd += ["--disable-cuda-graph"]
     env = dict(base_env)
@@ -314,14 +329,18 @@ def serve(args) -> int:
         (out / "results.json").write_text(json.dumps(results, indent=1))
 
     t = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--target", str(site), *map(str, sorted((carry / "wheels").glob("*.whl")))],
-                       capture_output=True, text=True)
-    results["install"] = {"rc": p.returncode, "tail": (p.stdout + p.stderr)[-2000:]}
-    with tarfile.open(carry / "site.tar.xz") as tf:
-        tf.extractall(site)
+    results["install"] = {}
+    for name in ("deps.tar.xz", "site.tar.xz"):
+        with tarfile.open(carry / name) as tf:
+            tf.extractall(site)
     with tarfile.open(carry / "model.tar") as tf:
         tf.extractall(work)
+    # the stand-in as this checkout has it (it may be newer than the pack's copy)
+    standin = next((p for p in (STANDIN, Path(__file__).resolve().parent / "common_ops.py") if p.exists()), None)
+    if standin:
+        for sub in ("sm90", "sm100"):
+            shutil.copy2(standin, site / "sgl_kernel" / sub / "common_ops.py")
+        results["standin_sha256"] = sha256(standin)
     results["install"]["seconds"] = round(time.monotonic() - t, 1)
     model, sidecar = work / "qwen4_exp", work / "sidecar"
 
@@ -330,7 +349,7 @@ def serve(args) -> int:
     env.update({"PYTHONPATH": str(site), "HOME": "/tmp/home", "SGLANG_PLUGINS": "ssd_stream",
                 "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "TOKENIZERS_PARALLELISM": "false", "SGLANG_JIT_CACHE_DIR": "/tmp/jit-cache",
-                "TRITON_CACHE_DIR": "/tmp/triton-cache", "SGL_KERNEL_STANDIN_REPORT": str(work / "standin.jsonl")})
+                "TRITON_CACHE_DIR": "/tmp/triton-cache", "GPU_STANDIN_REPORT": str(work / "standin.jsonl")})
     if nvcc:
         env["CUDA_HOME"] = str(Path(nvcc).resolve().parents[1])
         env["PATH"] = f"{Path(nvcc).parent}:{env.get('PATH', '')}"

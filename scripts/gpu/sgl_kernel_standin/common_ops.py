@@ -25,10 +25,10 @@ rotary_embedding                   in-place RoPE with a cos/sin cache (``rotary_
 weak_ref_tensor                    the CUDA graph runner's output refs: here an alias (keeps the storage alive)
 ================================  ===============================================================================
 
-Every other ``torch.ops.sgl_kernel.<name>`` resolves to a stub that raises ``NotImplementedError`` naming the op
-when called (``hasattr`` is then true: a path that probes for an op and calls it fails loudly, by name). Which ops
-a server looked up and which it called is printed at exit (``SGL_KERNEL_STANDIN_REPORT`` names a file to append
-the JSON to).
+Every other ``torch.ops.sgl_kernel.<name>`` stays absent (AttributeError naming it, as sglang's ``hasattr`` probes
+expect: a catch-all stub that made them true broke ``register_fake_if_exists`` at import, first GPU call). The names
+looked up and absent, and the stand-ins that ran, are printed at a clean exit (``GPU_STANDIN_REPORT`` names a file
+to append the JSON to; sglang warns about any ``SGL_*`` variable).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import torch.nn.functional as F
 
 PREFIX = "sgl_kernel-standin"
 _ran: set[str] = set()
-_missing_called: set[str] = set()
 _looked_up: set[str] = set()
 
 
@@ -193,43 +192,27 @@ for _name, (_schema, _fn) in OPS.items():
         _lib.impl(_name, _fn, _key)
 
 
-class _Missing:
-    """``torch.ops.sgl_kernel.<name>`` for an op nobody stood in: fails by name when called."""
+class _Namespace(type(torch.ops.sgl_kernel)):
+    """``torch.ops.sgl_kernel`` as before (an op nobody stood in raises AttributeError, so sglang's ``hasattr``
+    probes still see it absent), recording each such name for the report."""
 
-    def __init__(self, name: str):
-        self.name = name
-        self.default = self
-
-    def __call__(self, *args, **kwargs):
-        _missing_called.add(self.name)
-        raise NotImplementedError(
-            f"{PREFIX}: sgl_kernel.{self.name} is a compiled op of sgl_kernel, which cannot load on this torch "
-            "(2.11: 3 C++ ABI symbols missing), and no stand-in was written for it")
-
-
-_ns = torch.ops.sgl_kernel
-_base = type(_ns)
-
-
-class _Namespace(_base):
     def __getattr__(self, name):
         try:
-            return _base.__getattr__(self, name)
+            return super().__getattr__(name)
         except AttributeError:
-            if name.startswith("__"):
-                raise
-            _looked_up.add(name)
-            return _Missing(name)
+            if not name.startswith("__"):
+                _looked_up.add(name)
+            raise
 
 
-_ns.__class__ = _Namespace
+torch.ops.sgl_kernel.__class__ = _Namespace
 
 
 def _report() -> None:
     rep = {"pid": os.getpid(), "argv0": sys.argv[0] if sys.argv else "", "ran": sorted(_ran),
-           "missing_looked_up": sorted(_looked_up), "missing_called": sorted(_missing_called)}
+           "absent_looked_up": sorted(_looked_up)}
     _say("report " + json.dumps(rep))
-    path = os.environ.get("SGL_KERNEL_STANDIN_REPORT")
+    path = os.environ.get("GPU_STANDIN_REPORT")
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(rep) + "\n")

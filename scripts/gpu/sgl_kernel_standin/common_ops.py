@@ -21,6 +21,8 @@ silu_and_mul, gelu_and_mul,        act-and-mul for widths the JIT kernel refuses
 gelu_tanh_and_mul
 topk_softmax, topk_sigmoid         MoE routing (``layers/moe/topk.py``)
 moe_sum_reduce, moe_sum            the fused-MoE output reduction (``moe_runner/triton_utils/fused_moe.py``)
+moe_align_block_size               the fused-MoE token sort by expert (``triton_utils/moe_align_block_size.py``
+                                   through ``sglang.kernels.ops.moe``, its AOT backend; found by GPU call 3)
 rotary_embedding                   in-place RoPE with a cos/sin cache (``rotary_embedding/base.py``)
 weak_ref_tensor                    the CUDA graph runner's output refs: here an alias (keeps the storage alive)
 ================================  ===============================================================================
@@ -156,6 +158,36 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
     apply(key)
 
 
+def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
+                         cumsum_buffer, pad_sorted_token_ids, ignore_invalid_expert):
+    """sglang's "+1 offset" contract (``kernels/ops/moe/moe_align_small_numel.py`` spells it out): ``num_experts``
+    buckets, expert id e in bucket e + 1 (-1, EP-filtered, in bucket 0), each bucket padded to a block multiple in
+    bucket order, pad slots hold ``numel``, each block's expert id is its bucket - 1. Within a bucket the order is
+    the pairs' own (stable); the CUDA kernel's is its atomics' (every pair writes its own output row)."""
+    _mark("moe_align_block_size")
+    flat = topk_ids.flatten().long()
+    n, dev = flat.numel(), flat.device
+    bucket = flat + 1
+    if ignore_invalid_expert:
+        bucket = torch.where((bucket >= 0) & (bucket < num_experts), bucket, torch.zeros_like(bucket))
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, bucket, torch.ones_like(bucket))
+    padded = (counts + block_size - 1) // block_size * block_size
+    ends = padded.cumsum(0)
+    starts = ends - padded
+    num_tokens_post_pad[:1].copy_(ends[-1:].to(num_tokens_post_pad.dtype))
+    cumsum_buffer.zero_()
+    cumsum_buffer[1:num_experts + 1].copy_(ends.to(cumsum_buffer.dtype))
+    order = torch.sort(bucket, stable=True).indices
+    sb = bucket[order]
+    rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[sb]
+    if pad_sorted_token_ids:
+        sorted_token_ids.fill_(n)
+    sorted_token_ids.scatter_(0, starts[sb] + rank, order.to(sorted_token_ids.dtype))
+    blocks = torch.arange(experts_ids.numel(), device=dev) * block_size
+    eid = torch.searchsorted(ends, blocks, right=True) - 1
+    experts_ids.copy_(torch.where(blocks < ends[-1], eid, torch.full_like(eid, -1)).to(experts_ids.dtype))
+
+
 def weak_ref_tensor(tensor):
     _mark("weak_ref_tensor")
     return tensor.view(tensor.shape)
@@ -182,6 +214,10 @@ OPS = {
     "moe_sum": ("moe_sum(Tensor input, Tensor(a!) output) -> ()", moe_sum),
     "rotary_embedding": ("rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
                          "Tensor cos_sin_cache, bool is_neox) -> ()", rotary_embedding),
+    "moe_align_block_size": ("moe_align_block_size(Tensor topk_ids, int num_experts, int block_size, "
+                             "Tensor(a!) sorted_token_ids, Tensor(b!) experts_ids, Tensor(c!) num_tokens_post_pad, "
+                             "Tensor(d!) cumsum_buffer, bool pad_sorted_token_ids, bool ignore_invalid_expert) -> ()",
+                             moe_align_block_size),
     "weak_ref_tensor": ("weak_ref_tensor(Tensor(a) tensor) -> Tensor(a)", weak_ref_tensor),
 }
 

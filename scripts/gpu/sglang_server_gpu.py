@@ -357,8 +357,9 @@ def serve(args) -> int:
         "nvidia_smi": sh("nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader"),
         "python": sys.version.split()[0], "nvcc": nvcc and sh(f"{nvcc} --version | tail -2"),
         "uname": sh("uname -r"), "cpus": os.cpu_count(),
-        "versions": sh(f"{sys.executable} -c \"import torch, triton, transformers; print(torch.__version__, "
-                       "torch.version.cuda, triton.__version__, transformers.__version__)\"")}
+        "versions (machine's own, without the carried site)": sh(
+            f"{sys.executable} -c \"import torch, triton, transformers; print(torch.__version__, "
+            "torch.version.cuda, triton.__version__, transformers.__version__)\"")}
     probe = ("import time, importlib; t=time.time()\n"
              "import sgl_kernel; print('sgl_kernel', sgl_kernel.__version__, 'common_ops:', sgl_kernel.common_ops.__file__)\n"
              "for m in ['sglang', 'sglang.srt.entrypoints.http_server', 'sglang.srt.managers.scheduler',\n"

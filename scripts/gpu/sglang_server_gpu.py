@@ -361,7 +361,8 @@ def serve(args) -> int:
             f"{sys.executable} -c \"import torch, triton, transformers; print(torch.__version__, "
             "torch.version.cuda, triton.__version__, transformers.__version__)\"")}
     probe = ("import time, importlib; t=time.time()\n"
-             "import sgl_kernel; print('sgl_kernel', sgl_kernel.__version__, 'common_ops:', sgl_kernel.common_ops.__file__)\n"
+             "import sgl_kernel\n"
+             "print('sgl_kernel', sgl_kernel.__version__, 'common_ops:', sgl_kernel.common_ops.__file__)\n"
              "for m in ['sglang', 'sglang.srt.entrypoints.http_server', 'sglang.srt.managers.scheduler',\n"
              "          'sglang.srt.model_executor.model_runner', 'sglang.srt.models.qwen4_exp',\n"
              "          'sglang.srt.models.qwen4_exp_mtp', 'sglang_ssd_stream.sglang.plugin']:\n"
@@ -371,7 +372,8 @@ def serve(args) -> int:
              "        import traceback; traceback.print_exc(); print('FAIL', m, type(e).__name__, e)\n"
              "import importlib.metadata as md\n"
              "print('entry points:', [e.value for e in md.entry_points(group='sglang.srt.plugins')])\n"
-             "for d in ['sglang', 'sglang-kernel', 'sglang-ssd-stream', 'torch', 'triton', 'transformers', 'flashinfer-python', 'apache-tvm-ffi']:\n"
+             "for d in ['sglang', 'sglang-kernel', 'sglang-ssd-stream', 'torch', 'triton', 'transformers',\n"
+             "          'flashinfer-python', 'apache-tvm-ffi']:\n"
              "    try: print(d, md.version(d))\n"
              "    except Exception as e: print(d, 'absent')\n")
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=240)

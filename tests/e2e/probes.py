@@ -46,7 +46,8 @@ def loads(server: SglangServer) -> dict:
 
 def settle(server: SglangServer, timeout: float = 15.0) -> dict:
     """Until nothing runs, waits or holds KV tokens (or ``timeout``): seconds taken and the last counters. Only
-    a snapshot the scheduler took after this call counts (``/v1/loads`` is published about once a second)."""
+    a snapshot the scheduler took after this call counts (sglang publishes ``/v1/loads`` at each prefill, when idle
+    and every 15 decode steps: its ``load_snapshot_publish_interval``)."""
     t0, since = time.monotonic(), time.time()
     while True:
         now = loads(server)
@@ -124,8 +125,8 @@ def four_at_once(server: SglangServer) -> dict:
 
 
 def concurrency(server: SglangServer, n: int, max_tokens: int = 48) -> dict:
-    """``n`` ordinary requests sent together, long enough that the scheduler's once-a-second snapshot sees
-    every one it runs at once."""
+    """``n`` ordinary requests sent together, long enough that a snapshot of the scheduler (every 15 decode
+    steps) sees every one it runs at once."""
     return _together(server, {i: (token_ids(20, i + 7), max_tokens) for i in range(n)})
 
 
@@ -146,7 +147,7 @@ def disconnects(server: SglangServer) -> dict:
                 if line.startswith("data:") and line != "data: [DONE]":
                     chunks += 1
                     now = loads(server)
-                    # leave once a fresh snapshot shows the request decoding (published about once a second)
+                    # leave once a fresh snapshot shows the request decoding (published every 15 decode steps)
                     if chunks >= 2 and now["timestamp"] > since and now["num_running_reqs"] >= 1:
                         busy = now["num_running_reqs"]
                         break

@@ -350,11 +350,17 @@ def _in_place_table(p: Path, root: Path, where: str, entry: dict, roots: list[st
 
 
 def _check_disjoint(p: Path, tables: list[SidecarTable]) -> None:
-    """No two regions of a manifest share a byte of one file (each row has one home)."""
+    """No two regions of a manifest share a byte of one file (each row has one home), and the regions of one file
+    agree on its size and mtime (one file, one identity)."""
     spans: dict[Path, list[tuple[int, int, str]]] = {}
+    seen: dict[Path, TableRegion] = {}
     for t in tables:
         for r in t.regions:
             spans.setdefault(r.file, []).append((r.offset, r.offset + r.bytes, r.tensor or r.path))
+            first = seen.setdefault(r.file, r)
+            if (r.file_bytes, r.file_mtime_ns) != (first.file_bytes, first.file_mtime_ns):
+                raise _bad(p, "regions", f"{first.tensor} and {r.tensor} record different sizes or mtimes of "
+                           f"{r.file}", "one size and mtime per file")
     for file, s in spans.items():
         s.sort()
         for (_, end, a), (start, _, b) in zip(s, s[1:], strict=False):

@@ -428,6 +428,9 @@ def _open_tables(manifest: SidecarManifest, files: dict[int, dict], fds: dict[in
     (its size, mtime or ctime moved: ctime even when the writer put mtime back)."""
     for layer, recorded in files.items():
         table = manifest.table(layer)
+        if table.in_place:  # its rows are regions of shards: this file's one-file identity says nothing of them
+            raise _Bad(f"layer {layer}'s table is in place ({len(table.regions)} regions of checkpoint shards), "
+                       f"which the hot file does not read yet")
         try:
             fds[layer] = fd = open_table(table.file)
             now = os.fstat(fd)

@@ -43,7 +43,7 @@ import numpy as np
 
 from .errors import SidecarIOError, SidecarShapeMismatch, SidecarTruncated
 from .format import SidecarTable
-from .reader import check_bounds, check_ids, check_out, check_unchanged, check_usable, open_table, table_identity
+from .reader import TableFiles, check_bounds, check_ids, check_out, check_usable, refuse_in_place
 
 DEFAULT_WORKERS = 16
 DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
@@ -72,7 +72,8 @@ def drop_page_cache(path: str | os.PathLike, readers: Iterable[object] = ()) -> 
     for r in readers:
         r = getattr(r, "reader", r)  # a wrapper holding a reader (vLLM's MmapRows, SidecarGather)
         if isinstance(r, MappedReader) and not r._closed:
-            r._map.madvise(mmap.MADV_DONTNEED)
+            for m in r._maps:
+                m.madvise(mmap.MADV_DONTNEED)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -118,26 +119,41 @@ class MappedReader:
                 f"max_rows ({self.max_rows}), workers ({self.workers}) and rows_per_task ({self.rows_per_task}) "
                 f"must be at least 1", path=str(table.file), actual=(self.max_rows, self.workers), expected=">= 1")
         try:
-            self._fd = open_table(table.file)
+            self._files = files = TableFiles(table)
         except OSError as exc:
             raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}",
                                  path=str(table.file)) from exc
+        self._fd = files.fds[0]
+        self._maps: list[mmap.mmap] = []
         try:
-            self._identity = table_identity(self._fd, table)
-            first = (self.vocab_start - table.row_start) * rb  # map only this rank's rows
-            skew = first % mmap.ALLOCATIONGRANULARITY
-            length = (self.vocab_end - self.vocab_start) * rb + skew
-            try:
-                self._map = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ, offset=first - skew)
-            except (OSError, ValueError) as exc:
-                raise SidecarIOError(f"cannot map PLE table {table.file}: {exc}", path=str(table.file)) from exc
-            try:
-                self._map.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
-            except (AttributeError, OSError):
-                pass
-            self._rows = np.frombuffer(self._map, dtype=np.uint8)[skew:].reshape(self.vocab_end - self.vocab_start, rb)
+            self._identity = files.identities[0]
+            # One mapping per region part of this rank's rows, as a [rows, row_bytes] view (a copied table: one)
+            views, starts = [], []
+            for r, f in zip(table.regions, files.file_of, strict=True):
+                lo, hi = max(r.row_start, self.vocab_start), min(r.row_end, self.vocab_end)
+                if lo >= hi:
+                    continue
+                first = r.offset + (lo - r.row_start) * rb
+                skew = first % mmap.ALLOCATIONGRANULARITY
+                try:
+                    m = mmap.mmap(files.fds[f], (hi - lo) * rb + skew, access=mmap.ACCESS_READ, offset=first - skew)
+                except (OSError, ValueError) as exc:
+                    raise SidecarIOError(f"cannot map PLE table {files.paths[f]}: {exc}",
+                                         path=str(files.paths[f])) from exc
+                self._maps.append(m)
+                try:
+                    m.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
+                except (AttributeError, OSError):
+                    pass
+                views.append(np.frombuffer(m, dtype=np.uint8)[skew:].reshape(hi - lo, rb))
+                starts.append(lo)
+            self._views, self._view_starts = views, np.array(starts, np.int64)
+            self._rows = views[0] if len(views) == 1 else None
         except BaseException:
-            os.close(self._fd)
+            self._views = self._rows = None
+            for m in self._maps:
+                m.close()
+            files.close()
             raise
         if not faulthandler.is_enabled():
             faulthandler.enable(all_threads=True)  # a media error under the mapping is a SIGBUS: say where
@@ -165,8 +181,9 @@ class MappedReader:
     @property
     def mapped_rows(self) -> np.ndarray:
         """This rank's rows as a read-only ``[vocab_end - vocab_start, row_bytes]`` view of the
-        mapping (the native host node copies from it; holding it keeps the mapping alive)."""
+        mapping (the native host node copies from it; holding it keeps the mapping alive); a copied table's only."""
         self._check_usable()
+        refuse_in_place(self.table, "the native read of mapped rows")
         return self._rows
 
     @property
@@ -176,6 +193,7 @@ class MappedReader:
 
     def fileno(self) -> int:
         self._check_usable()
+        refuse_in_place(self.table, "a reader's single descriptor (the native read, `sidecar profile`)")
         return self._fd
 
     def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
@@ -191,7 +209,7 @@ class MappedReader:
             self._check_usable()
             check_bounds(ids, self.table, self.total_rows)
             try:
-                check_unchanged(self._fd, self.table, self._identity)
+                self._files.check_unchanged()
             except (SidecarIOError, SidecarTruncated) as exc:
                 self._failure = exc.message
                 raise
@@ -199,15 +217,14 @@ class MappedReader:
             self._stats["rows"] += n
             if n == 0:
                 return
-            local = ids - self.vocab_start
-            outside = (local < 0) | (local >= self._rows.shape[0])
+            outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
             any_outside = bool(outside.any())
-            if any_outside:
-                np.clip(local, 0, self._rows.shape[0] - 1, out=local)  # copied, then zeroed below
+            if any_outside:  # copied from a row of this rank, then zeroed below
+                ids = np.clip(ids, self.vocab_start, self.vocab_end - 1)
             self._stats["rows_in_range"] += n - int(outside.sum()) if any_outside else n
-            self._copy(local, out)
+            self._copy(ids, out)
             try:
-                check_unchanged(self._fd, self.table, self._identity)  # a write during the copy: not served
+                self._files.check_unchanged()  # a write during the copy: not served
             except (SidecarIOError, SidecarTruncated) as exc:
                 self._failure = exc.message
                 raise
@@ -220,12 +237,13 @@ class MappedReader:
             if self._closed:
                 return
             self._closed = True
-            self._rows = None
-            try:
-                self._map.close()
-            except BufferError:  # a caller still holds a view of the mapping; it goes with that view
-                pass
-            os.close(self._fd)
+            self._rows = self._views = None
+            for m in self._maps:
+                try:
+                    m.close()
+                except BufferError:  # a caller still holds a view of the mapping; it goes with that view
+                    pass
+            self._files.close()
 
     def __enter__(self) -> MappedReader:
         return self
@@ -242,8 +260,16 @@ class MappedReader:
     def _check_usable(self) -> None:
         check_usable(self.table, self._closed, self._failure)
 
-    def _take(self, local: np.ndarray, out: np.ndarray) -> None:
-        np.take(self._rows, local, axis=0, out=out, mode="clip")  # bounds already checked; "raise" would buffer
+    def _take(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``ids`` (global, of this rank) into ``out``, view by view; bounds already checked ("raise" would
+        buffer)."""
+        if self._rows is not None:
+            np.take(self._rows, ids - self.vocab_start, axis=0, out=out, mode="clip")
+            return
+        v = np.searchsorted(self._view_starts, ids, side="right") - 1
+        for k in np.unique(v).tolist():
+            m = v == k
+            out[m] = np.take(self._views[k], ids[m] - self._view_starts[k], axis=0, mode="clip")
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0

@@ -46,7 +46,7 @@ from .errors import (
     SidecarTruncated,
 )
 from .native import NativeBuildError, build_library
-from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out, open_table
+from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out, open_table, refuse_in_place
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +278,7 @@ class RowCache:
                                        f"(capacity >= 1, {rb}), got {desc}", actual=desc, expected=("uint8", rb))
         self.rows, self.policy, self.capacity, self._s3 = rows, policy, rows.shape[0], tuple(config.s3)
         self.wave_pages = int(config.wave_pages)
+        refuse_in_place(self.table, "the PLE row cache")  # its C miss path reads one file at (id - row_start) × rb
         self._lib = lib = load()
         path = str(self.table.file)
         self.direct = bool(config.direct)

@@ -188,7 +188,7 @@ class MappedReader:
 
     @property
     def identity(self) -> tuple[int, ...]:
-        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`table_identity`)."""
+        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`~.reader.file_identity`)."""
         return self._identity
 
     def fileno(self) -> int:

@@ -119,7 +119,11 @@ def open_table(path: str | os.PathLike, extra_flags: int = 0) -> int:
 
 
 def file_identity(fd: int, path: os.PathLike | str, size: int) -> tuple[int, ...]:
-    """:func:`table_identity` of one file of a table, which must hold at least ``size`` bytes."""
+    """What a write to an open table file changes: device, inode, size and mtime (ns); the file must hold at least
+    ``size`` bytes. Checked before and after every read, so no row read across an in-place rewrite (cp over it,
+    truncate and regrow) is served. ctime is left out on purpose: a ``mv`` over the path changes only our inode's
+    ctime (its link count), and our inode's rows stay right. Not seen: a writer that puts mtime back afterwards
+    (``touch -d``), or a write within one filesystem clock tick of the file's own last write."""
     try:
         st = os.fstat(fd)
     except OSError as exc:
@@ -202,35 +206,6 @@ def refuse_in_place(table: SidecarTable, what: str) -> None:
             f"{what} does not read an in-place PLE table yet (layer {table.layer}: {len(table.regions)} regions of "
             f"{len(table.files)} checkpoint shard(s)); serve it with the row cache off and without CUDA graphs, "
             f"or from a copied sidecar (`sidecar build CHECKPOINT -o DIR`)", path=str(table.file))
-
-
-def table_identity(fd: int, table: SidecarTable) -> tuple[int, ...]:
-    """What a write to the open table changes: device, inode, size and mtime (ns). Checked before and
-    after every read, so no row read across an in-place rewrite (cp over it, truncate and regrow) is
-    served. ctime is left out on purpose: a ``mv`` over the path changes only our inode's ctime (its
-    link count), and our inode's rows stay right. Not seen: a writer that puts mtime back afterwards
-    (``touch -d``), or a write within one filesystem clock tick of the table's own last write."""
-    try:
-        st = os.fstat(fd)
-    except OSError as exc:
-        raise SidecarIOError(f"cannot stat PLE table {table.file}: {exc.strerror or exc}",
-                             path=str(table.file)) from exc
-    if st.st_size < table.bytes:
-        raise SidecarTruncated(
-            f"PLE table {table.file} is truncated: it has {st.st_size} bytes, expected {table.bytes} "
-            f"(was it rewritten while the server runs?)", path=str(table.file), actual=st.st_size,
-            expected=table.bytes)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def check_unchanged(fd: int, table: SidecarTable, opened: tuple[int, ...]) -> None:
-    """:class:`SidecarChanged` when the table is not the file it was when opened."""
-    now = table_identity(fd, table)
-    if now != opened:
-        raise SidecarChanged(
-            f"PLE table {table.file} was written while it is served (its size or mtime changed since it was "
-            f"opened); none of its rows is served any more. Restart the server; replace a sidecar by writing a "
-            f"new file and renaming it over the old one, never in place", path=str(table.file))
 
 
 def check_usable(table: SidecarTable, closed: bool, failure: str | None) -> None:
@@ -412,7 +387,7 @@ class SidecarReader:
 
     @property
     def identity(self) -> tuple[int, ...]:
-        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`table_identity`)."""
+        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`~.reader.file_identity`)."""
         return self._identity
 
     def fileno(self) -> int:

@@ -124,7 +124,7 @@ def test_oversized_manifest_file(small):
 
 
 @pytest.mark.parametrize("field,value,fragment", [("format", "safetensors", "format is 'safetensors'"),
-                                                  ("version", 2, "version is 2"), ("version", True, "version is True"),
+                                                  ("version", 3, "version is 3"), ("version", True, "version is True"),
                                                   ("tables", [], "tables is '[]'")])
 def test_unknown_format_or_version(small, field, value, fragment):
     _, art = small

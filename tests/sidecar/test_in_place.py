@@ -1,0 +1,360 @@
+"""Issue 41: an in-place sidecar (``sidecar build --in-place``) serves the checkpoint's own shard regions with the
+copied sidecar's guarantees: rows bit-identical to the copy and to the safetensors tensors through every Python
+reader, SHA-256 per region at load (and the verified cache), the trust rule, change detection while serving,
+refusal of a foreign checkpoint; and it refuses, naming the tensor, what cannot be served where it lies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import PREFIX, make_checkpoint, shard_rows_via_safetensors
+from test_cli import run
+
+from sglang_ssd_stream.errors import EXIT_USAGE, KitError, RefusedSourceState
+from sglang_ssd_stream.sidecar import (
+    MappedReader,
+    SidecarChanged,
+    SidecarCheckpointError,
+    SidecarChecksumMismatch,
+    SidecarManifestError,
+    SidecarPathEscape,
+    SidecarReader,
+    SidecarReaderUnusable,
+    SidecarSizeMismatch,
+    load_manifest,
+)
+from sglang_ssd_stream.sidecar.build import build_sidecar
+from sglang_ssd_stream.sidecar.in_place import build_in_place
+from sglang_ssd_stream.sidecar.verify import CACHE_NAME, REPORT, SERVE, verify_sidecar
+
+FP8, BF16 = 3, 7
+SETTLE_S = 0.05  # a write within one filesystem clock tick of the file's last one could keep its mtime
+
+
+def _checkpoint(path: Path, *, files: int = 3, seed: int = 5):
+    return make_checkpoint(path, {FP8: ("float8_e4m3fn", 20_011, 160), BF16: ("bfloat16", 3_001, 160)},
+                           parts=16, files=files, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """One checkpoint with its in-place manifest and a copied sidecar built from it: (ckpt, in place, copy)."""
+    root = tmp_path_factory.mktemp("in_place")
+    ck = _checkpoint(root / "ckpt")
+    build_sidecar(ck.path, root / "copy", progress=False)
+    build_in_place(ck.path, progress=False)
+    return ck, load_manifest(ck.path), load_manifest(root / "copy")
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    """A checkpoint of its own with an in-place manifest (safe to write into): (ckpt, manifest)."""
+    ck = _checkpoint(tmp_path / "ckpt", files=2, seed=9)
+    build_in_place(ck.path, progress=False)
+    return ck, load_manifest(ck.path)
+
+
+def _ids(table, rng, n=4000):
+    """Random ids plus every region's first and last row and duplicates, in a scattered order."""
+    edges = [x for r in table.regions for x in (r.row_start, r.row_end - 1)]
+    ids = np.concatenate([rng.integers(table.row_start, table.row_end, n), edges, edges[:7]]).astype(np.int64)
+    rng.shuffle(ids)
+    return ids
+
+
+def _read(reader, ids):
+    out = np.full((ids.size, reader.row_bytes), 0xA5, np.uint8)
+    reader.read_rows(ids, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- the manifest it writes
+
+
+def test_build_writes_only_the_manifest_and_its_verified_cache(tmp_path):
+    ck = _checkpoint(tmp_path / "ckpt")
+    before = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in ck.path.iterdir()}
+    result = build_in_place(ck.path, progress=False)
+    after = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in ck.path.iterdir()}
+    assert set(after) - set(before) == {"ssd-stream.json", CACHE_NAME}
+    assert {k: after[k] for k in before} == before  # not a byte of the checkpoint written
+    assert not [p for p in ck.path.iterdir() if p.name.endswith(".tmp")]
+    doc = json.loads((ck.path / "ssd-stream.json").read_text())
+    assert doc["version"] == 2 and [t["layer"] for t in doc["tables"]] == [FP8, BF16]
+    fp8 = result.manifest.table(FP8)
+    assert fp8.in_place and len(fp8.regions) == 16 and len(fp8.files) == 3  # one table over three shards
+    assert [r.row_start for r in fp8.regions] == [k * 1251 for k in range(16)]
+    assert all(r.file.parent == ck.path.resolve() and r.tensor.startswith(PREFIX.format(layer=FP8))
+               for r in fp8.regions)
+    assert result.scale_file is not None and "model-plefp8-scale" not in result.scale_file  # scales stay put
+    assert result.verify is not None and [c.status for c in result.verify.tables] == ["cached", "cached"]
+
+
+def test_a_serving_start_after_the_build_reads_nothing_and_a_report_writes_nothing(fresh):
+    ck, manifest = fresh
+    cache = ck.path / CACHE_NAME
+    recorded = cache.read_bytes()
+    assert all(c.status == "cached" for c in verify_sidecar(manifest, caller=SERVE, progress=False).tables)
+    assert [c.status for c in verify_sidecar(manifest, caller=REPORT, use_cache=False, progress=False).tables] \
+        == ["verified", "verified"]
+    assert cache.read_bytes() == recorded
+
+
+def test_existing_manifest_is_kept_without_force(fresh):
+    ck, _ = fresh
+    before = (ck.path / "ssd-stream.json").read_bytes()
+    with pytest.raises(RefusedSourceState, match="already exists; pass --force"):
+        build_in_place(ck.path, progress=False)
+    assert (ck.path / "ssd-stream.json").read_bytes() == before
+    build_in_place(ck.path, progress=False, force=True)
+    assert (ck.path / "ssd-stream.json").read_bytes() == before  # same checkpoint, same manifest
+
+
+# ----------------------------------------------------------------------------- bit-identical rows
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+@pytest.mark.parametrize("workers", [1, 4])
+def test_rows_equal_the_copy_and_the_safetensors_tensors(both, io, workers):
+    ck, inplace, copy = both
+    rng = np.random.default_rng(workers)
+    cls = MappedReader if io == "mmap" else SidecarReader
+    for layer in (FP8, BF16):
+        ref = shard_rows_via_safetensors(ck.path, layer)
+        t, c = inplace.table(layer), copy.table(layer)
+        ids = _ids(t, rng)
+        with cls(t, max_rows=1024, workers=workers) as r, cls(c, max_rows=1024, workers=workers) as rc:
+            got = _read(r, ids)
+            assert np.array_equal(got, _read(rc, ids)) and np.array_equal(got, ref[ids])
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_a_tp_rank_reads_its_rows_across_region_and_shard_boundaries(both, io):
+    ck, inplace, _ = both
+    t = inplace.table(FP8)
+    ref = shard_rows_via_safetensors(ck.path, FP8)
+    lo, hi = t.regions[3].row_start + 17, t.regions[9].row_start + 5  # ranks split inside regions
+    ids = np.concatenate([_ids(t, np.random.default_rng(3), 2000), [lo - 1, lo, hi - 1, hi]]).astype(np.int64)
+    cls = MappedReader if io == "mmap" else SidecarReader
+    with cls(t, vocab_start=lo, vocab_end=hi, max_rows=512, workers=2) as r:
+        got = _read(r, ids)
+    inside = (ids >= lo) & (ids < hi)
+    assert inside.sum() > 100 and (~inside).sum() > 100
+    assert np.array_equal(got[inside], ref[ids[inside]]) and not got[~inside].any()
+
+
+def test_a_table_in_one_region_reads_at_its_offset(tmp_path):
+    """parts=1: each table is one tensor, at a non-zero offset of its shard: the one-region path."""
+    ck = make_checkpoint(tmp_path / "ck", {FP8: ("float8_e4m3fn", 999, 160)}, parts=1, files=1, seed=4)
+    t = build_in_place(ck.path, progress=False).manifest.table(FP8)
+    assert len(t.regions) == 1 and t.regions[0].offset > 0
+    ids = np.arange(999)[::-1].copy()
+    for cls in (MappedReader, SidecarReader):
+        with cls(t, max_rows=999, workers=1) as r:
+            assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
+
+
+# ----------------------------------------------------------------------------- refusals at build
+
+
+def _save(path: Path, tensors: dict, config: dict | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config or {"text_config": {"split_ngram_parts": 2}}))
+    return path
+
+
+def test_a_dtype_the_engines_convert_is_refused_naming_the_tensor(tmp_path):
+    import torch
+
+    name = f"{PREFIX.format(layer=1)}.shard_1.weight"
+    ck = _save(tmp_path / "f16", {f"{PREFIX.format(layer=1)}.shard_0.weight": torch.zeros(4, 8, dtype=torch.bfloat16),
+                                  name: torch.zeros(4, 8, dtype=torch.float16)})
+    with pytest.raises(SidecarCheckpointError, match=rf"PLE tensor {name} is float16.*would convert it"):
+        build_in_place(ck, progress=False)
+    assert not (ck / "ssd-stream.json").exists()
+
+
+def test_a_dtype_other_than_the_config_declares_is_refused(tmp_path):
+    import torch
+
+    cfg = {"text_config": {"split_ngram_parts": 1, "ple_embedding_dtype": "float8_e4m3fn"}}
+    ck = _save(tmp_path / "bf16", {f"{PREFIX.format(layer=1)}.shard_0.weight": torch.zeros(4, 8, dtype=torch.bfloat16)},
+               cfg)
+    with pytest.raises(SidecarCheckpointError, match=r"shard_0.weight is bfloat16, but the engines hold the table "
+                                                     r"as float8_e4m3fn"):
+        build_in_place(ck, progress=False)
+
+
+def test_a_tensor_that_is_not_a_row_major_matrix_is_refused_naming_it(tmp_path):
+    import torch
+
+    name = f"{PREFIX.format(layer=1)}.shard_0.weight"
+    ck = _save(tmp_path / "3d", {name: torch.zeros(4, 2, 4, dtype=torch.bfloat16)},
+               {"text_config": {"split_ngram_parts": 1}})
+    with pytest.raises(SidecarCheckpointError, match=rf"PLE tensor {name} has shape \[4, 2, 4\].*not a row-major"):
+        build_in_place(ck, progress=False)
+
+
+def test_a_shard_linked_from_outside_the_checkpoint_is_refused(tmp_path):
+    ck = _checkpoint(tmp_path / "ckpt", files=2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shard = ck.path / "model-00002-of-00002.safetensors"
+    shutil.move(shard, elsewhere / shard.name)
+    shard.symlink_to(elsewhere / shard.name)
+    with pytest.raises(SidecarPathEscape, match="outside the artifact directory"):
+        build_in_place(ck.path, progress=False)
+    assert not (ck.path / "ssd-stream.json").exists()
+
+
+def test_hf_snapshot_links_into_blobs_are_trusted(tmp_path):
+    """The layout the hub cache has: snapshot files are links into ../../blobs."""
+    repo = tmp_path / "models--o--n"
+    snap, blobs = repo / "snapshots" / "rev", repo / "blobs"
+    ck = _checkpoint(snap, files=2)
+    blobs.mkdir()
+    for f in sorted(snap.glob("*.safetensors")):
+        shutil.move(f, blobs / f"blob-{f.stem}")
+        f.symlink_to(Path("../../blobs") / f"blob-{f.stem}")
+    t = build_in_place(ck.path, progress=False).manifest.table(FP8)
+    assert {f.parent for f in t.files} == {blobs.resolve()}
+    with MappedReader(t, max_rows=64, workers=1) as r:
+        assert np.array_equal(_read(r, np.arange(0, t.rows, 97)), ck.tables[FP8][::97])
+
+
+# ----------------------------------------------------------------------------- refusals at load and while serving
+
+
+def test_a_tampered_region_fails_its_sha256_at_load_naming_the_tensor(fresh):
+    ck, manifest = fresh
+    r = manifest.table(FP8).regions[5]
+    st = os.stat(r.file)
+    with open(r.file, "r+b") as f:
+        f.seek(r.offset + 3 * manifest.table(FP8).row_bytes + 11)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 1]))
+    os.utime(r.file, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back: ctime still moved
+    with pytest.raises(SidecarChecksumMismatch, match=rf"tensor {r.tensor}: rows \[{r.row_start}, {r.row_end}\)"):
+        verify_sidecar(load_manifest(ck.path), caller=SERVE, progress=False)
+
+
+def test_a_change_elsewhere_in_a_shard_rehashes_its_regions_and_passes(fresh):
+    """Another tensor of the same shard rewritten (same bytes): the regions are hashed again, not refused."""
+    ck, manifest = fresh
+    t = manifest.table(FP8)
+    time.sleep(SETTLE_S)
+    with open(t.regions[0].file, "r+b") as f:  # the header's first byte, written back unchanged
+        b = f.read(1)
+        f.seek(0)
+        f.write(b)
+    checks = verify_sidecar(load_manifest(ck.path), caller=SERVE, progress=False).tables
+    assert checks[0].status == "verified" and checks[0].seconds > 0
+
+
+def test_a_shard_of_another_size_is_refused_at_load(fresh):
+    ck, manifest = fresh
+    with open(manifest.table(BF16).regions[-1].file, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(SidecarSizeMismatch, match="the checkpoint changed since: rebuild it"):
+        load_manifest(ck.path)
+
+
+def test_a_foreign_checkpoint_is_refused(tmp_path, fresh):
+    """The manifest of one checkpoint beside another of the same layout: every region's SHA-256 differs."""
+    ck, _ = fresh
+    other = _checkpoint(tmp_path / "other", files=2, seed=10)
+    shutil.copy(ck.path / "ssd-stream.json", other.path / "ssd-stream.json")
+    for f in other.path.glob("*.safetensors"):  # same sizes, and mtimes as recorded: only the bytes differ
+        st = (ck.path / f.name).stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(SidecarChecksumMismatch):
+        verify_sidecar(load_manifest(other.path), caller=SERVE, progress=False)
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_a_shard_written_while_served_is_refused_for_good(fresh, io):
+    ck, manifest = fresh
+    t = manifest.table(FP8)
+    ids = _ids(t, np.random.default_rng(1), 300)
+    with (MappedReader if io == "mmap" else SidecarReader)(t, max_rows=512, workers=2) as r:
+        assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
+        time.sleep(SETTLE_S)
+        last = t.regions[-1]
+        with open(last.file, "r+b") as f:  # the same bytes written back: a write all the same
+            f.seek(last.offset)
+            b = f.read(160)
+            f.seek(last.offset)
+            f.write(b)
+        with pytest.raises(SidecarChanged, match=str(last.file)):
+            _read(r, ids)
+        with pytest.raises(SidecarReaderUnusable):
+            _read(r, ids[:1])
+
+
+def _manifest_doc(ck) -> dict:
+    return json.loads((ck.path / "ssd-stream.json").read_text())
+
+
+@pytest.mark.parametrize("edit,error,fragment", [
+    (lambda d: d["tables"][0]["regions"].pop(4), SidecarManifestError, "regions tile the table's rows"),
+    (lambda d: d["tables"][0]["regions"][2].update(offset=d["tables"][0]["regions"][1]["offset"]),
+     SidecarManifestError, "overlap"),
+    (lambda d: d["tables"][0]["regions"][0].update(offset=d["tables"][0]["regions"][0]["file_bytes"]),
+     SidecarSizeMismatch, "beyond its file_bytes"),
+    (lambda d: d["tables"][0]["regions"][0].update(path="../ckpt/x.safetensors"), SidecarPathEscape, "'..'"),
+    (lambda d: d["tables"][0]["regions"][0].pop("sha256"), SidecarManifestError, "fields"),
+    (lambda d: d["tables"][0]["regions"][0].update(file_mtime_ns=1), SidecarManifestError, "one size and mtime"),
+    (lambda d: d["tables"][0].update(rows=d["tables"][0]["rows"] + 1), SidecarManifestError, "all of them"),
+])
+def test_manifest_rules(fresh, edit, error, fragment):
+    ck, _ = fresh
+    doc = _manifest_doc(ck)
+    edit(doc)
+    (ck.path / "ssd-stream.json").write_text(json.dumps(doc))
+    with pytest.raises(error, match=fragment):
+        load_manifest(ck.path)
+
+
+def test_paths_that_read_one_file_refuse_an_in_place_table(both):
+    from sglang_ssd_stream.sidecar.row_cache import RowCache
+
+    _, inplace, _ = both
+    t = inplace.table(FP8)
+    with MappedReader(t, max_rows=64, workers=1) as r:
+        with pytest.raises(SidecarReaderUnusable, match="the PLE row cache does not read an in-place PLE table"):
+            RowCache(r, np.zeros((8, t.row_bytes), np.uint8))
+        with pytest.raises(SidecarReaderUnusable, match="native read of mapped rows"):
+            r.mapped_rows  # noqa: B018 - the property is the native read's seam
+        with pytest.raises(SidecarReaderUnusable, match="single descriptor"):
+            r.fileno()
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_cli_build_in_place(tmp_path, capsys):
+    ck = _checkpoint(tmp_path / "ckpt", files=2)
+    assert run(["build", "--in-place", str(ck.path), "--json", "-q", "--rows", "20011", "--layer", str(FP8)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tables"][0]["regions"] == 16 and len(doc["tables"][0]["files"]) == 2 and doc["verified"] is True
+    assert [t.layer for t in load_manifest(ck.path).tables] == [FP8]
+    assert run(["verify", str(ck.path), "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]
+
+
+@pytest.mark.parametrize("extra", [["-o", "somewhere"], ["--no-verify"]])
+def test_cli_refuses_options_that_do_not_apply(tmp_path, extra):
+    ck = _checkpoint(tmp_path / "ckpt", files=1)
+    with pytest.raises(KitError, match="does not apply") as info:
+        run(["build", "--in-place", str(ck.path), "-q", *extra])
+    assert info.value.exit_code == EXIT_USAGE and not (ck.path / "ssd-stream.json").exists()

@@ -289,13 +289,13 @@ def test_a_shard_written_while_served_is_refused_for_good(fresh, io):
     with (MappedReader if io == "mmap" else SidecarReader)(t, max_rows=512, workers=2) as r:
         assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
         time.sleep(SETTLE_S)
-        last = t.regions[-1]
-        with open(last.file, "r+b") as f:  # the same bytes written back: a write all the same
-            f.seek(last.offset)
+        other = next(r for r in t.regions if r.file != t.files[0])  # not the first file: every one is watched
+        with open(other.file, "r+b") as f:  # the same bytes written back: a write all the same
+            f.seek(other.offset)
             b = f.read(160)
-            f.seek(last.offset)
+            f.seek(other.offset)
             f.write(b)
-        with pytest.raises(SidecarChanged, match=str(last.file)):
+        with pytest.raises(SidecarChanged, match=str(other.file)):
             _read(r, ids)
         with pytest.raises(SidecarReaderUnusable):
             _read(r, ids[:1])
@@ -326,17 +326,88 @@ def test_manifest_rules(fresh, edit, error, fragment):
 
 
 def test_paths_that_read_one_file_refuse_an_in_place_table(both):
-    from sglang_ssd_stream.sidecar.row_cache import RowCache
-
     _, inplace, _ = both
     t = inplace.table(FP8)
     with MappedReader(t, max_rows=64, workers=1) as r:
-        with pytest.raises(SidecarReaderUnusable, match="the PLE row cache does not read an in-place PLE table"):
-            RowCache(r, np.zeros((8, t.row_bytes), np.uint8))
         with pytest.raises(SidecarReaderUnusable, match="native read of mapped rows"):
             r.mapped_rows  # noqa: B018 - the property is the native read's seam
         with pytest.raises(SidecarReaderUnusable, match="single descriptor"):
             r.fileno()
+
+
+# ----------------------------------------------------------------------------- the row cache
+
+
+def _cache(table, capacity, io="mmap", **kw):
+    from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
+
+    inner = (MappedReader if io == "mmap" else SidecarReader)(table, max_rows=2048, workers=2, **kw)
+    return RowCache(inner, np.zeros((capacity, table.row_bytes), np.uint8),
+                    RowCacheConfig(workers=3, wave_pages=16, seed=1))
+
+
+@pytest.mark.parametrize("capacity", [64, 50_000])  # evicting all the time, and holding every row
+def test_row_cache_rows_equal_the_copy_and_the_tensors(both, capacity):
+    """Misses read by the C cache at each region's offset (small waves: many runs, pages shared by regions
+    adjacent in a shard), hits served from memory, prefetched rows too."""
+    ck, inplace, copy = both
+    rng = np.random.default_rng(capacity)
+    for layer in (FP8, BF16):
+        ref = shard_rows_via_safetensors(ck.path, layer)
+        t = inplace.table(layer)
+        with _cache(t, capacity) as c, _cache(copy.table(layer), capacity, io="pread") as cc:
+            c.prefetch(_ids(t, rng, 500))
+            for _ in range(3):
+                ids = _ids(t, rng, 3000)
+                got = _read(c, ids)
+                assert np.array_equal(got, ref[ids]) and np.array_equal(got, _read(cc, ids))
+            assert c.stats["rows_read"] > 0 and c.stats["hits"] > 0
+
+
+def test_row_cache_of_a_tp_rank_across_regions(both):
+    ck, inplace, _ = both
+    t = inplace.table(FP8)
+    lo, hi = t.regions[2].row_start + 9, t.regions[11].row_start + 1
+    ids = _ids(t, np.random.default_rng(8), 3000)
+    with _cache(t, 256, io="pread", vocab_start=lo, vocab_end=hi) as c:
+        got = _read(c, ids)
+    inside = (ids >= lo) & (ids < hi)
+    assert np.array_equal(got[inside], ck.tables[FP8][ids[inside]]) and not got[~inside].any()
+
+
+def test_row_cache_refuses_a_shard_written_while_served(fresh):
+    ck, manifest = fresh
+    t = manifest.table(BF16)
+    ids = _ids(t, np.random.default_rng(2), 200)
+    with _cache(t, 32) as c:
+        assert np.array_equal(_read(c, ids), ck.tables[BF16][ids])
+        assert len(c.file_stats()) == len(t.files) == 2  # every shard it reads is watched
+        time.sleep(SETTLE_S)
+        other = next(r for r in t.regions if r.file != t.files[0])  # not the first file: every one is watched
+        with open(other.file, "r+b") as f:
+            f.seek(other.offset)
+            b = f.read(64)
+            f.seek(other.offset)
+            f.write(b)
+        with pytest.raises(SidecarChanged, match=rf"{other.file}.*written while it is served"):
+            _read(c, ids)
+        with pytest.raises(SidecarReaderUnusable):
+            _read(c, ids[:1])
+
+
+def test_the_hot_file_is_off_for_an_in_place_table_with_one_warning(both, tmp_path, caplog):
+    from sglang_ssd_stream.sidecar.hot_rows import HotRows
+
+    _, inplace, _ = both
+    with _cache(inplace.table(FP8), 64) as c:
+        _read(c, np.arange(100, dtype=np.int64))
+        hot = HotRows(inplace, {FP8: c}, share=0.5, interval_s=0, role="test", path=tmp_path / "hot")
+        with caplog.at_level("WARNING"):
+            assert hot.load() == 0
+        assert "served in place" in caplog.text and "cold one" in caplog.text
+        hot.start()
+        hot.close()
+        assert hot.write() == 0 and not (tmp_path / "hot").exists()
 
 
 # ----------------------------------------------------------------------------- the command

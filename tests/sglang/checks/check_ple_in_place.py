@@ -84,18 +84,30 @@ def test_a_tampered_region_is_refused_before_it_serves(env, tmp_path, monkeypatc
             _Model(env.q, _config("float8_e4m3fn"), (0, 1))
 
 
-def test_the_row_cache_refuses_an_in_place_table_by_name(env, tmp_path, monkeypatch):
-    """Until the row cache reads regions (issue 41), a start with it on stops and says how to serve instead."""
+@pytest.mark.parametrize("tp", [(0, 1), (1, 2)])
+def test_in_place_through_the_row_cache_bit_identical(env, tmp_path, monkeypatch, tp):
+    """The default read path: the C row cache reads misses at each region's offset (the hot file stays off)."""
     from sglang.srt.runtime_context import get_context
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_ssd_stream.sglang.hooks import SidecarHookError
+    from sglang_ssd_stream.sidecar.row_cache import RowCache
 
+    q, dtype = env.q, "float8_e4m3fn"
     monkeypatch.delenv("SGLANG_SSD_STREAM_SIDECAR", raising=False)
     monkeypatch.setenv("SGLANG_SSD_STREAM_ROW_CACHE_MB", "64")
-    ckpt = _in_place(env, tmp_path, "float8_e4m3fn")
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "home"))
+    ref = _Model(q, _config(dtype, table_dir=str(tmp_path / "tbl")), tp)
+    ref.load(q, env.ck[dtype].path)
+    ids = _ids(q, ref.ngram, 96, seed=41 + tp[0])
+    expected = _gather(ref.ngram.ngram_embedding, ids)
+    ckpt = _in_place(env, tmp_path, dtype)
     with get_context().override_server_args():
         get_context().set_server_args(ServerArgs(model_path=str(ckpt)))
-        with pytest.raises(SidecarHookError, match="the PLE row cache does not read an in-place PLE table.*"
-                                                   "SGLANG_SSD_STREAM_ROW_CACHE_MB=0"):
-            _Model(env.q, _config("float8_e4m3fn"), (0, 1)).load(env.q, ckpt)  # the load binds the readers
+        ours = _Model(q, _config(dtype), tp)
+        ours.load(q, ckpt)
+        emb = ours.ngram.ngram_embedding
+        got = [_gather(emb, ids) for _ in range(2)]  # misses read from the shards, then hits from the cache
+    cache = emb._ssd_stream.reader
+    assert isinstance(cache, RowCache) and cache.table.in_place and cache.stats["hits"] > 0
+    assert all(torch.equal(g.view(torch.int16), expected.view(torch.int16)) for g in got)
+    assert not list((tmp_path / "home").rglob("*.hot*"))  # no hot file for an in-place table

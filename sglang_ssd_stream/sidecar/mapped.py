@@ -43,7 +43,7 @@ import numpy as np
 
 from .errors import SidecarIOError, SidecarShapeMismatch, SidecarTruncated
 from .format import SidecarTable
-from .reader import TableFiles, check_bounds, check_ids, check_out, check_usable, refuse_in_place
+from .reader import TableFiles, check_bounds, check_ids, check_out, check_usable, rank_segments, refuse_in_place
 
 DEFAULT_WORKERS = 16
 DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
@@ -129,11 +129,8 @@ class MappedReader:
             self._identity = files.identities[0]
             # One mapping per region part of this rank's rows, as a [rows, row_bytes] view (a copied table: one)
             views, starts = [], []
-            for r, f in zip(table.regions, files.file_of, strict=True):
-                lo, hi = max(r.row_start, self.vocab_start), min(r.row_end, self.vocab_end)
-                if lo >= hi:
-                    continue
-                first = r.offset + (lo - r.row_start) * rb
+            for lo, hi, region, first in rank_segments(table, self.vocab_start, self.vocab_end):
+                f = files.file_of[region]
                 skew = first % mmap.ALLOCATIONGRANULARITY
                 try:
                     m = mmap.mmap(files.fds[f], (hi - lo) * rb + skew, access=mmap.ACCESS_READ, offset=first - skew)
@@ -179,12 +176,17 @@ class MappedReader:
         return not self._closed and self._failure is None
 
     @property
-    def mapped_rows(self) -> np.ndarray:
-        """This rank's rows as a read-only ``[vocab_end - vocab_start, row_bytes]`` view of the
-        mapping (the native host node copies from it; holding it keeps the mapping alive); a copied table's only."""
+    def mapped_views(self) -> list[np.ndarray]:
+        """This rank's rows, one read-only ``[rows, row_bytes]`` view per segment of
+        :func:`~.reader.rank_segments` (the native host node copies from them; holding one keeps its mapping)."""
         self._check_usable()
-        refuse_in_place(self.table, "the native read of mapped rows")
-        return self._rows
+        return list(self._views)
+
+    @property
+    def table_files(self) -> TableFiles:
+        """The table's files as this reader opened them (descriptors, identities; the native read copies them)."""
+        self._check_usable()
+        return self._files
 
     @property
     def identity(self) -> tuple[int, ...]:

@@ -199,6 +199,17 @@ class RegionIndex:
         return ridx, self.offsets[ridx] + (ids - self.starts[ridx]) * self.row_bytes
 
 
+def rank_segments(table: SidecarTable, vocab_start: int, vocab_end: int) -> list[tuple[int, int, int, int]]:
+    """This rank's rows ``[vocab_start, vocab_end)`` region by region, in row order: ``(first row, end row, region
+    index, byte of the first row in the region's file)`` (a copied table: one segment)."""
+    out = []
+    for i, r in enumerate(table.regions):
+        lo, hi = max(r.row_start, vocab_start), min(r.row_end, vocab_end)
+        if lo < hi:
+            out.append((lo, hi, i, r.offset + (lo - r.row_start) * table.row_bytes))
+    return out
+
+
 def refuse_in_place(table: SidecarTable, what: str) -> None:
     """:class:`SidecarReaderUnusable` for a read path that reads one whole file per table (not yet regions)."""
     if table.in_place:
@@ -389,6 +400,12 @@ class SidecarReader:
     def identity(self) -> tuple[int, ...]:
         """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`~.reader.file_identity`)."""
         return self._identity
+
+    @property
+    def table_files(self) -> TableFiles:
+        """The table's files as this reader opened them (descriptors, identities; the native read copies them)."""
+        self._check_usable()
+        return self._files
 
     def fileno(self) -> int:
         """The table's descriptor (the native host node reads rows with ``pread`` on it); a copied table's only."""

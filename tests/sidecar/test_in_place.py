@@ -325,14 +325,68 @@ def test_manifest_rules(fresh, edit, error, fragment):
         load_manifest(ck.path)
 
 
-def test_paths_that_read_one_file_refuse_an_in_place_table(both):
+def test_a_single_descriptor_is_refused_for_an_in_place_table(both):
+    """`sidecar profile` and a copied table's callers take one descriptor; an in-place table has several."""
     _, inplace, _ = both
-    t = inplace.table(FP8)
-    with MappedReader(t, max_rows=64, workers=1) as r:
-        with pytest.raises(SidecarReaderUnusable, match="native read of mapped rows"):
-            r.mapped_rows  # noqa: B018 - the property is the native read's seam
+    with MappedReader(inplace.table(FP8), max_rows=64, workers=1) as r:
         with pytest.raises(SidecarReaderUnusable, match="single descriptor"):
             r.fileno()
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_captured_native_read_of_regions(both, io, workers):
+    """The CUDA host node's C read (staging/native_read.c) of an in-place table, on a rank split inside regions."""
+    from sglang_ssd_stream.staging.native_read import NativeRead
+
+    ck, inplace, _ = both
+    t = inplace.table(FP8)
+    lo, hi = t.regions[1].row_start + 3, t.regions[14].row_start + 2
+    ids = _ids(t, np.random.default_rng(workers), 2000)
+    out = np.full((ids.size, t.row_bytes), 0xA5, np.uint8)
+    cls = MappedReader if io == "mmap" else SidecarReader
+    with cls(t, vocab_start=lo, vocab_end=hi, max_rows=4096, workers=workers) as r:
+        node = NativeRead(r, ids, out, what="PLE layer 3 sidecar read", inline_rows=0 if workers > 1 else None)
+        node.run()
+        inside = (ids >= lo) & (ids < hi)
+        assert np.array_equal(out[inside], ck.tables[FP8][ids[inside]]) and not out[~inside].any()
+        node.close()
+
+
+_NATIVE_CHANGED = """
+import sys, time, numpy as np
+from sglang_ssd_stream.sidecar import load_manifest, open_reader
+from sglang_ssd_stream.staging.native_read import NativeRead
+t = load_manifest(sys.argv[1]).tables[0]
+ids = np.arange(0, t.rows, 7, dtype=np.int64)
+out = np.zeros((ids.size, t.row_bytes), np.uint8)
+node = NativeRead(open_reader(t, sys.argv[2], max_rows=ids.size, workers=1), ids, out, what="PLE layer 3 read")
+node.run()
+print("FIRST", out.any())
+time.sleep(0.05)
+other = next(r for r in t.regions if r.file != t.files[0])
+with open(other.file, "r+b") as f:
+    f.seek(other.offset)
+    b = f.read(8)
+    f.seek(other.offset)
+    f.write(b)
+node.run()
+print("CONTINUED")
+"""
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_the_native_read_stops_the_process_when_a_shard_is_written(fresh, io):
+    import subprocess
+    import sys
+
+    ck, manifest = fresh
+    other = next(r for r in manifest.table(FP8).regions if r.file != manifest.table(FP8).files[0])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), *sys.path])}
+    p = subprocess.run([sys.executable, "-c", _NATIVE_CHANGED, str(ck.path), io], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 70 and "FIRST True" in p.stdout and "CONTINUED" not in p.stdout, p.stderr
+    assert "SidecarChanged: the PLE table was written while it is served" in p.stderr and str(other.file) in p.stderr
 
 
 # ----------------------------------------------------------------------------- the row cache

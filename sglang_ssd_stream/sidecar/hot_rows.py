@@ -79,12 +79,7 @@ class HotRows:
         self._file_id: tuple[int, int, int, int] | None = None
         # each table file as this process's caches read it: a write records it (the next start refuses the file
         # when its table is another), and a table written while served is never written into the file
-        in_place = [layer for layer in caches if manifest.table(layer).in_place]
-        # The hot file records one file per table; an in-place table is regions of several shards: no hot file for
-        # it yet (each start is a cold one, said once), never a wrong row
-        self.off = (f"PLE hot file off: layer(s) {in_place} are served in place from the checkpoint's shards, which "
-                    f"the hot file does not cover yet; each start is a cold one") if in_place else None
-        self._tables = {} if self.off else {layer: os.fstat(c.fileno()) for layer, c in caches.items()}
+        self._tables = {layer: c.file_stats() for layer, c in caches.items()}  # every file of each table
 
     def _rows_per_layer(self, cache) -> int:
         return int(cache.capacity * self.share)
@@ -92,9 +87,6 @@ class HotRows:
     def load(self) -> int:
         """Read the hot file (one sequential pass, at most the share of every cache) into the caches; returns
         the rows placed (0 when the file is missing or refused: one warning line says why)."""
-        if self.off:
-            log.warning("%s", self.off)
-            return 0
         budget = sum(self._rows_per_layer(c) * (c.row_bytes + 8) for c in self.caches.values())
         self._remove_stale_temporaries()
         t0 = time.monotonic()
@@ -139,8 +131,6 @@ class HotRows:
         so the next file ranks recent lookups first. The file is left as it is when under
         :data:`REWRITE_MIN_CHANGED` of its rows would change. Returns the rows written (0: none, or the file kept),
         None when the write failed (one warning line; the old file stays)."""
-        if self.off:
-            return 0
         if os.getpid() != self._pid:
             return None
         if not self._lock.acquire(timeout=LOCK_WAIT_S):
@@ -192,7 +182,7 @@ class HotRows:
         ctime moved): written in place, the cache may hold rows of either content, and none may outlive this
         process; renamed over (only its ctime moves, its rows stay right), the next start refuses the file anyway."""
         for layer in layers:
-            why = changed_fields(self._tables[layer], os.fstat(self.caches[layer].fileno()))
+            why = "; ".join(w for w in map(changed_fields, self._tables[layer], self.caches[layer].file_stats()) if w)
             if why:
                 raise TableChanged(f"PLE table {self.manifest.table(layer).file} (layer {layer}) changed while it is "
                                    f"served ({why}: written in place, or replaced); its rows are not saved")
@@ -226,8 +216,6 @@ class HotRows:
     def start(self) -> None:
         """Write every ``interval_s`` (when > 0) on a daemon thread, and once more at a clean exit: ``atexit``,
         and a SIGTERM (see :meth:`_write_on_sigterm`)."""
-        if self.off:
-            return
         atexit.register(self.close)
         # a multiprocessing child (a model worker) ends with os._exit, which skips atexit; its exit runs these
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)

@@ -449,19 +449,48 @@ def test_row_cache_refuses_a_shard_written_while_served(fresh):
             _read(c, ids[:1])
 
 
-def test_the_hot_file_is_off_for_an_in_place_table_with_one_warning(both, tmp_path, caplog):
+def _hot(manifest, cache, path):
     from sglang_ssd_stream.sidecar.hot_rows import HotRows
 
-    _, inplace, _ = both
-    with _cache(inplace.table(FP8), 64) as c:
-        _read(c, np.arange(100, dtype=np.int64))
-        hot = HotRows(inplace, {FP8: c}, share=0.5, interval_s=0, role="test", path=tmp_path / "hot")
-        with caplog.at_level("WARNING"):
-            assert hot.load() == 0
-        assert "served in place" in caplog.text and "cold one" in caplog.text
-        hot.start()
-        hot.close()
-        assert hot.write() == 0 and not (tmp_path / "hot").exists()
+    return HotRows(manifest, {FP8: cache}, share=1.0, interval_s=0, role="test", path=path)
+
+
+def test_the_hot_file_of_an_in_place_table_comes_back_without_a_disk_read(fresh, tmp_path):
+    ck, manifest = fresh
+    t = manifest.table(FP8)
+    ids = _ids(t, np.random.default_rng(6), 400)
+    with _cache(t, 4096) as c:
+        _read(c, ids)
+        assert _hot(manifest, c, tmp_path / "hot").write() == np.unique(ids).size
+    with _cache(t, 4096) as c:
+        assert _hot(manifest, c, tmp_path / "hot").load() == np.unique(ids).size  # every row checked, then placed
+        got = _read(c, ids)
+        assert c.stats["rows_read"] == 0 and np.array_equal(got, ck.tables[FP8][ids])
+
+
+def test_a_hot_file_of_an_in_place_table_is_refused_once_a_shard_changes_or_its_rows_are_forged(fresh, tmp_path,
+                                                                                                 caplog):
+    from tests.hot_forgery import forge
+
+    ck, manifest = fresh
+    t = manifest.table(FP8)
+    with _cache(t, 4096) as c:
+        _read(c, _ids(t, np.random.default_rng(7), 400))
+        _hot(manifest, c, tmp_path / "hot").write()
+    forge(tmp_path / "hot", ck.path, dest=tmp_path / "forged")  # identities kept, rows inverted, sums redone
+    with _cache(t, 4096) as c, caplog.at_level("WARNING"):
+        assert _hot(manifest, c, tmp_path / "forged").load() == 0
+    assert "differs from its table" in caplog.text
+    time.sleep(SETTLE_S)
+    other = next(r for r in t.regions if r.file != t.files[0])
+    with open(other.file, "r+b") as f:  # the same bytes written back: the shard's ctime and mtime move
+        b = f.read(8)
+        f.seek(0)
+        f.write(b)
+    caplog.clear()
+    with _cache(t, 4096) as c, caplog.at_level("WARNING"):
+        assert _hot(manifest, c, tmp_path / "hot").load() == 0
+    assert f"{other.file} is not the file its rows were read from" in caplog.text
 
 
 # ----------------------------------------------------------------------------- the command

@@ -493,6 +493,27 @@ def test_a_hot_file_of_an_in_place_table_is_refused_once_a_shard_changes_or_its_
     assert f"{other.file} is not the file its rows were read from" in caplog.text
 
 
+def test_a_view_of_an_in_place_checkpoint(tmp_path):
+    """`model build-view` with the checkpoint as both snapshots: the index leaves the PLE tensors out, so an engine
+    loading the view never opens them; its manifest's regions resolve to the checkpoint's own shards, those that
+    hold PLE tensors only included (9 files: several hold nothing else, as the real checkpoint's PLE shards)."""
+    from sglang_ssd_stream.operate.model_view import build_view, check_view
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    ck = _checkpoint(tmp_path / "ckpt", files=9)
+    build_in_place(ck.path, progress=False)
+    view = tmp_path / "view"
+    build_view(ck.path, ck.path, view)
+    check_view(view)
+    index = json.loads((view / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index and not [n for n in index if ".ngram_embedding.shard_" in n and "mtp" not in n]
+    t = load_sidecar(view).table(FP8)
+    assert t.in_place and {f.parent for f in t.files} == {ck.path.resolve()}
+    with SidecarReader(t, max_rows=64, workers=1) as r:
+        ids = np.arange(0, t.rows, 101, dtype=np.int64)
+        assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
+
+
 # ----------------------------------------------------------------------------- the command
 
 

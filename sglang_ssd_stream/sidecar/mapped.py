@@ -269,9 +269,12 @@ class MappedReader:
             np.take(self._rows, ids - self.vocab_start, axis=0, out=out, mode="clip")
             return
         v = np.searchsorted(self._view_starts, ids, side="right") - 1
-        for k in np.unique(v).tolist():
-            m = v == k
-            out[m] = np.take(self._views[k], ids[m] - self._view_starts[k], axis=0, mode="clip")
+        order = np.argsort(v, kind="stable")  # the lookup grouped by view: one pass, not one mask per view
+        bounds = np.searchsorted(v[order], np.arange(len(self._views) + 1)).tolist()
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            if a < b:
+                pos = order[a:b]
+                out[pos] = np.take(self._views[k], ids[pos] - self._view_starts[k], axis=0, mode="clip")
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0

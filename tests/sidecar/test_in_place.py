@@ -514,6 +514,31 @@ def test_a_view_of_an_in_place_checkpoint(tmp_path):
         assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
 
 
+def test_sidecar_profile_of_an_in_place_checkpoint(tmp_path):
+    """`sidecar profile` reads the corpus' hottest rows at their regions: the same ids and bytes as from the copy."""
+    pytest.importorskip("transformers")
+    from test_profile import CORPUS, _cli, _expected
+
+    from sglang_ssd_stream.sidecar.hot_file import read_hot_file
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+    from tests.e2e.models import profile_inputs
+
+    model, sidecar, files = profile_inputs(tmp_path / "in", CORPUS)
+    build_in_place(model, progress=False)
+    r = _cli(model, "--model", model, "--corpus", *files, "--rows", 40, "--json", home=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest, copy = load_sidecar(model), load_sidecar(sidecar)
+    rng = {t.layer: (t.row_start, t.row_end) for t in manifest.tables}
+    got = read_hot_file(json.loads(r.stdout)["path"], manifest, rng, 1 << 30)
+    want = _expected(model, files, manifest, 40)
+    for t in manifest.tables:
+        assert t.in_place
+        ids, rows = got.layers[t.layer]
+        assert ids.tolist() == want[t.layer]
+        with SidecarReader(copy.table(t.layer), max_rows=64, workers=1) as c:
+            assert np.array_equal(rows, _read(c, ids))
+
+
 # ----------------------------------------------------------------------------- the command
 
 

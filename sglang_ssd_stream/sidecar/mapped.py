@@ -40,10 +40,20 @@ import time
 from collections.abc import Iterable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .errors import SidecarIOError, SidecarShapeMismatch, SidecarTruncated
 from .format import SidecarTable
-from .reader import TableFiles, check_bounds, check_ids, check_out, check_usable, rank_segments, refuse_in_place
+from .reader import (
+    RegionIndex,
+    TableFiles,
+    check_bounds,
+    check_ids,
+    check_out,
+    check_usable,
+    rank_segments,
+    refuse_in_place,
+)
 
 DEFAULT_WORKERS = 16
 DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
@@ -127,13 +137,18 @@ class MappedReader:
         self._maps: list[mmap.mmap] = []
         try:
             self._identity = files.identities[0]
-            # One mapping per region part of this rank's rows, as a [rows, row_bytes] view (a copied table: one)
-            views, starts = [], []
-            for lo, hi, region, first in rank_segments(table, self.vocab_start, self.vocab_end):
-                f = files.file_of[region]
-                skew = first % mmap.ALLOCATIONGRANULARITY
+            # One mapping per file, over the bytes of this rank's rows there (a copied table: this rank's rows);
+            # each segment of rank_segments a [rows, row_bytes] view into it
+            segs = rank_segments(table, self.vocab_start, self.vocab_end)
+            spans: dict[int, list[int]] = {}
+            for lo, hi, region, first in segs:
+                span = spans.setdefault(files.file_of[region], [first, first])
+                span[0], span[1] = min(span[0], first), max(span[1], first + (hi - lo) * rb)
+            base: dict[int, np.ndarray] = {}
+            for f, (start, end) in spans.items():
+                skew = start % mmap.ALLOCATIONGRANULARITY
                 try:
-                    m = mmap.mmap(files.fds[f], (hi - lo) * rb + skew, access=mmap.ACCESS_READ, offset=first - skew)
+                    m = mmap.mmap(files.fds[f], end - start + skew, access=mmap.ACCESS_READ, offset=start - skew)
                 except (OSError, ValueError) as exc:
                     raise SidecarIOError(f"cannot map PLE table {files.paths[f]}: {exc}",
                                          path=str(files.paths[f])) from exc
@@ -142,10 +157,17 @@ class MappedReader:
                     m.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
                 except (AttributeError, OSError):
                     pass
-                views.append(np.frombuffer(m, dtype=np.uint8)[skew:].reshape(hi - lo, rb))
-                starts.append(lo)
-            self._views, self._view_starts = views, np.array(starts, np.int64)
-            self._rows = views[0] if len(views) == 1 else None
+                base[f] = np.frombuffer(m, dtype=np.uint8)[skew:]
+            self._views = [base[files.file_of[region]][first - spans[files.file_of[region]][0]:][:(hi - lo) * rb]
+                           .reshape(hi - lo, rb) for lo, hi, region, first in segs]
+            self._rows = self._views[0] if len(self._views) == 1 else None
+            if self._rows is None:  # an in-place table: rows gathered by their byte in each file's mapping
+                self._regions = RegionIndex(table)
+                self._region_file = np.array(files.file_of, np.int64)
+                self._span_start = np.array([spans.get(f, (0, 0))[0] for f in range(len(files.fds))], np.int64)
+                # a row at any byte: [bytes - row_bytes + 1, row_bytes] with strides (1, 1), nothing copied
+                self._windows = {f: as_strided(b, shape=(b.size - rb + 1, rb), strides=(1, 1), writeable=False)
+                                 for f, b in base.items()}
         except BaseException:
             self._views = self._rows = None
             for m in self._maps:
@@ -268,13 +290,16 @@ class MappedReader:
         if self._rows is not None:
             np.take(self._rows, ids - self.vocab_start, axis=0, out=out, mode="clip")
             return
-        v = np.searchsorted(self._view_starts, ids, side="right") - 1
-        order = np.argsort(v, kind="stable")  # the lookup grouped by view: one pass, not one mask per view
-        bounds = np.searchsorted(v[order], np.arange(len(self._views) + 1)).tolist()
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-            if a < b:
-                pos = order[a:b]
-                out[pos] = np.take(self._views[k], ids[pos] - self._view_starts[k], axis=0, mode="clip")
+        region, offsets = self._regions.locate(ids)
+        f = self._region_file[region]
+        offsets -= self._span_start[f]
+        if len(self._windows) == 1:
+            out[...] = self._windows[int(f[0])][offsets]
+            return
+        for k, window in self._windows.items():  # a few shard files: one gather each
+            pos = np.flatnonzero(f == k)
+            if pos.size:
+                out[pos] = window[offsets[pos]]
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0

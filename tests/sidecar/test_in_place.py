@@ -160,6 +160,44 @@ def test_a_table_in_one_region_reads_at_its_offset(tmp_path):
             assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
 
 
+def test_regions_of_uneven_sizes_in_shuffled_file_order(tmp_path):
+    """What a manifest may say beyond what the builder writes: regions of any size, in any byte order of one
+    file, with gaps between them; every reader finds each row where its region puts it."""
+    from sglang_ssd_stream.sidecar.format import SidecarTable, TableRegion
+    from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
+    from sglang_ssd_stream.staging.native_read import NativeRead
+
+    rb, sizes = 160, [5, 17, 1, 40, 9, 300, 2]
+    raw = np.random.default_rng(3).integers(0, 256, (sum(sizes) * 2 + 50) * rb, np.uint8)
+    f = tmp_path / "shard.bin"
+    raw.tofile(f)
+    slots = np.random.default_rng(4).permutation(len(sizes))  # region k's place among the regions in the file
+    at, offsets = 24, {}
+    for k in slots.tolist():  # laid out in shuffled order, a gap of 3 rows (+ 8 B) after each
+        offsets[k], at = at, at + (sizes[k] + 3) * rb + 8
+    starts = np.cumsum([0, *sizes])
+    regions = tuple(TableRegion("shard.bin", f, offsets[k], int(starts[k]), sizes[k], sizes[k] * rb, "0" * 64,
+                                raw.size, f"t{k}", 0) for k in range(len(sizes)))
+    t = SidecarTable(0, "shard.bin", f, "0" * 64, "float8_e4m3fn", int(starts[-1]), rb, 0, int(starts[-1]) * rb,
+                     regions)
+    want = np.concatenate([raw[offsets[k]:offsets[k] + sizes[k] * rb].reshape(sizes[k], rb)
+                           for k in range(len(sizes))])
+    ids = np.random.default_rng(5).integers(0, t.rows, 3000)
+    lo, hi = 10, 300
+    for cls in (MappedReader, SidecarReader):
+        with cls(t, max_rows=512, workers=2) as r:
+            assert np.array_equal(_read(r, ids), want[ids])
+        with cls(t, vocab_start=lo, vocab_end=hi, max_rows=512, workers=2) as r:
+            out = np.zeros((ids.size, rb), np.uint8)
+            NativeRead(r, ids, out, what="test").run()
+            inside = (ids >= lo) & (ids < hi)
+            assert np.array_equal(out[inside], want[ids[inside]]) and not out[~inside].any()
+    cache = RowCache(MappedReader(t, max_rows=512, workers=2), np.zeros((50, rb), np.uint8),
+                     RowCacheConfig(workers=2, wave_pages=4, seed=0))
+    with cache:
+        assert np.array_equal(_read(cache, ids), want[ids])
+
+
 # ----------------------------------------------------------------------------- refusals at build
 
 

@@ -149,6 +149,22 @@ def test_a_tp_rank_reads_its_rows_across_region_and_shard_boundaries(both, io):
     assert np.array_equal(got[inside], ref[ids[inside]]) and not got[~inside].any()
 
 
+def test_512_shards_like_the_real_checkpoint(tmp_path):
+    """split_ngram_parts = 512, as Qwen3.8 Flash-Next's: 512 regions of one table over 5 files, read as one."""
+    from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
+
+    ck = make_checkpoint(tmp_path / "ck", {FP8: ("float8_e4m3fn", 512 * 7 - 3, 160)}, parts=512, files=5, seed=8)
+    t = build_in_place(ck.path, progress=False).manifest.table(FP8)
+    assert len(t.regions) == 512 and len(t.files) == 5
+    ids = _ids(t, np.random.default_rng(9), 5000)
+    for cls in (MappedReader, SidecarReader):
+        with cls(t, max_rows=1024, workers=2) as r:
+            assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
+    with RowCache(MappedReader(t, max_rows=1024, workers=2), np.zeros((300, 160), np.uint8),
+                  RowCacheConfig(workers=2, seed=2)) as c:
+        assert np.array_equal(_read(c, ids), ck.tables[FP8][ids])
+
+
 def test_a_table_in_one_region_reads_at_its_offset(tmp_path):
     """parts=1: each table is one tensor, at a non-zero offset of its shard: the one-region path."""
     ck = make_checkpoint(tmp_path / "ck", {FP8: ("float8_e4m3fn", 999, 160)}, parts=1, files=1, seed=4)

@@ -117,7 +117,7 @@ def test_oversized_or_mistyped_fields(small, field, value, fragment):
 def test_oversized_manifest_file(small):
     _, art = small
     doc = _doc(art)
-    doc["tables"] = [copy.deepcopy(doc["tables"][0]) for _ in range(8000)]
+    doc["tables"] = [copy.deepcopy(doc["tables"][0]) for _ in range(MAX_MANIFEST_BYTES // 200)]
     text = json.dumps(doc)
     assert len(text) > MAX_MANIFEST_BYTES
     _expect(art, text, SidecarManifestError, "manifest size")

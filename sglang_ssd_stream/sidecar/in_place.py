@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..atomic_file import write_atomic
-from ..errors import RefusedSourceState
+from ..errors import EnvironmentProblem, RefusedSourceState
 from . import _safetensors
 from .build import (
     SHARD_TENSOR,
@@ -166,7 +166,11 @@ def build_in_place(
             for n, s in sources.items()
         ],
     }
-    write_atomic(manifest_path, json.dumps(doc, indent=1) + "\n")
+    try:
+        write_atomic(manifest_path, json.dumps(doc, indent=1) + "\n")
+    except OSError as exc:  # a read-only checkpoint, a full disk: the copied sidecar writes elsewhere
+        raise EnvironmentProblem(f"cannot write {manifest_path}: {exc.strerror or exc}; an in-place sidecar lives in "
+                                 f"the checkpoint's directory (a copied one goes where -o says)") from exc
     manifest = load_manifest(manifest_path)  # the one validator of what was just written
     record_built(manifest, stats, cache_dir=cache_dir)
     report = verify_sidecar(manifest, caller=BUILD, cache_dir=cache_dir, progress=progress)

@@ -116,6 +116,15 @@ def test_existing_manifest_is_kept_without_force(fresh):
     assert (ck.path / "ssd-stream.json").read_bytes() == before  # same checkpoint, same manifest
 
 
+def test_a_manifest_that_cannot_be_written_is_an_environment_problem(tmp_path):
+    from sglang_ssd_stream.errors import EnvironmentProblem
+
+    ck = _checkpoint(tmp_path / "ckpt", files=1)
+    (ck.path / "ssd-stream.json").mkdir()  # in the way of the rename, as a read-only directory would be
+    with pytest.raises(EnvironmentProblem, match="cannot write .*ssd-stream.json.*copied one goes where -o says"):
+        build_in_place(ck.path, progress=False, force=True)
+
+
 # ----------------------------------------------------------------------------- bit-identical rows
 
 

@@ -101,7 +101,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         for c in report.tables:
             extra = f"  actual {c.actual_sha256}" if c.status == "mismatch" else ""
-            print(f"layer {c.layer}: {c.path}  {c.status}  sha256 {c.sha256}{extra}  "
+            t = manifest.table(c.layer)
+            where = (f"in place, {len(t.regions)} regions of {len(t.files)} shard(s)"
+                     + (f"; {c.detail}" if c.detail else "")) if t.in_place else c.path
+            print(f"layer {c.layer}: {where}  {c.status}  sha256 {c.sha256}{extra}  "
                   f"({_human(c.bytes)}, {c.seconds:.1f} s)")
         print("OK" if report.ok else "FAILED")
     if not report.ok:

@@ -613,6 +613,8 @@ def test_cli_build_in_place(tmp_path, capsys):
     assert [t.layer for t in load_manifest(ck.path).tables] == [FP8]
     assert run(["verify", str(ck.path), "--json", "-q"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
+    assert run(["verify", str(ck.path), "-q"]) == 0
+    assert f"layer {FP8}: in place, 16 regions of 2 shard(s)  verified" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra", [["-o", "somewhere"], ["--no-verify"]])

@@ -284,7 +284,7 @@ def _check_table_file(manifest: Path, t: SidecarTable) -> None:
 
 def regions_digest(regions: Iterable[TableRegion]) -> str:
     """An in-place table's identity: the SHA-256 of its regions' ``row_start rows sha256`` lines, in row order
-    (what the hot file and the verified cache bind to; each region's own SHA-256 covers its bytes)."""
+    (``SidecarTable.sha256``, which the hot file's binding names; each region's own SHA-256 covers its bytes)."""
     return hashlib.sha256("".join(f"{r.row_start} {r.rows} {r.sha256}\n" for r in regions).encode()).hexdigest()
 
 
@@ -497,10 +497,7 @@ def load_manifest(
         dtype = entry["dtype"]
         if dtype not in DTYPE_ITEMSIZE:
             raise _bad(p, f"{where}.dtype", dtype, f"one of {sorted(DTYPE_ITEMSIZE)}")
-        sha = entry["sha256"]
-        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-            raise _bad(p, f"{where}.sha256", sha if not isinstance(sha, str) or len(sha) <= 80 else sha[:80] + "…",
-                       "64 lowercase hex digits")
+        sha = _sha_field(p, f"{where}.sha256", entry["sha256"])
         rows = _int_field(p, f"{where}.rows", entry["rows"], 1, MAX_ROWS)
         columns = _int_field(p, f"{where}.columns", entry["columns"], 1, MAX_COLUMNS)
         row_start = _int_field(p, f"{where}.row_start", entry.get("row_start", 0), 0, MAX_ROWS)

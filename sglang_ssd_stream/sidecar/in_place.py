@@ -4,10 +4,10 @@ A safetensors tensor is one contiguous row-major byte range of its file, so each
 ``…ngram_embedding.shard_{k}.weight`` is already rows ``[k × ceil(rows / parts), …)`` of its table as
 the engines hold it. The builder reads the safetensors headers (checked against the ``safetensors``
 library, as the copying builder does), hashes each region once, and writes the manifest (version 2,
-:mod:`.format`) atomically into the checkpoint directory. Nothing else is written there: the
-``weight_scale`` tensors stay in the checkpoint's shards, where ``find_weight_scales`` finds them
-through the index. The hashes it took are recorded in the verified cache as the copying builder's
-re-read is (:func:`.verify.record_built`), so the first serving start re-reads nothing.
+:mod:`.format`) atomically into the checkpoint directory. Nothing else is written there but the
+verified cache of the hashes it took, recorded as the copying builder's re-read is
+(:func:`.verify.record_built`), so the first serving start re-reads nothing: the ``weight_scale``
+tensors stay in the checkpoint's shards, where ``find_weight_scales`` finds them through the index.
 
 Refused, naming the tensor: a PLE shard tensor that is not a 2-D ``[rows, columns]`` matrix filling its
 byte range, and one whose dtype the engines would convert at load (anything but ``F8_E4M3``/``BF16``,

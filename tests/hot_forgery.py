@@ -40,9 +40,12 @@ def forge(hot_path: str | os.PathLike, manifest_path: str | os.PathLike, *, dest
     if got is None or got.cut:
         raise AssertionError(f"{path}: not a whole hot file of {manifest_path} to forge from")
     if bind_to is None:
-        identities = {t["layer"]: SimpleNamespace(**dict(zip(_STAT_NAMES, (t["file"][k] for k in FILE_KEY_FIELDS),
-                                                             strict=True)))
-                      for t in meta["tables"]}
+        def identity(key: dict) -> SimpleNamespace:
+            return SimpleNamespace(**dict(zip(_STAT_NAMES, (key[k] for k in FILE_KEY_FIELDS), strict=True)))
+
+        # one table file's identity, or a list of them (an in-place table's shards)
+        identities = {t["layer"]: (tuple(map(identity, t["file"])) if isinstance(t["file"], list)
+                                   else identity(t["file"])) for t in meta["tables"]}
     else:
         manifest = load_sidecar(bind_to)
         identities = {t.layer: os.stat(t.file) for t in manifest.tables}

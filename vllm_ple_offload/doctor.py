@@ -133,7 +133,7 @@ def sidecar_disks(settings: env.PleSettings, manifest=None) -> tuple[DiskFacts, 
     from sglang_ssd_stream.sidecar.storage import classify_disk
 
     manifest = manifest or load_sidecar(settings.sidecar, settings.trusted_roots)
-    disks = [classify_disk(table.file) for table in manifest.tables]
+    disks = [classify_disk(f) for f in dict.fromkeys(f for table in manifest.tables for f in table.files)]
     return tuple(DiskFacts(d.path, d.fstype, d.kind) for d in disks)
 
 

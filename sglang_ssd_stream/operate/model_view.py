@@ -176,8 +176,8 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
             plan[entry] = p
         elif p.is_symlink():
             raise ModelViewError(f"dense snapshot file {p} is a dangling link")
-    for t in manifest.tables:
-        plan[t.path] = prepared / t.path
+    for path in dict.fromkeys(r.path for t in manifest.tables for r in t.regions):  # copied: its file; in place:
+        plan[path] = prepared / path  # each shard holding its regions (the index leaves the tensors out)
     if (prepared / SCALE_FILE_NAME).is_file():
         plan[SCALE_FILE_NAME] = prepared / SCALE_FILE_NAME
     elif any(SCALE_FILE_NAME == f for f in kept.values()):
@@ -254,7 +254,8 @@ def check_view(view: str | os.PathLike, *, _display: Path | None = None) -> View
     marker = read_marker(view)
     backup = _read_index(view / BACKUP_NAME)["weight_map"] if (view / BACKUP_NAME).is_file() else wm
     links = sum(1 for e in os.listdir(view) if (view / e).is_symlink())
-    links += sum(1 for t in manifest.tables if (view / t.path).is_symlink() and "/" in t.path)
+    links += sum(1 for path in dict.fromkeys(r.path for t in manifest.tables for r in t.regions)
+                 if (view / path).is_symlink() and "/" in path)
     return ViewReport(str(shown), len(wm), len(shards), len(backup) - len(wm) if marker else 0, links,
                       tuple(t.path for t in manifest.tables))
 

@@ -588,7 +588,7 @@ def sidecar_paths(model: str | None, explicit: Iterable[str] = ()) -> list[str]:
         from ..sidecar.view import load_sidecar
 
         manifest = load_sidecar(model, check_files=False)
-        paths = sorted({str(t.file) for t in manifest.tables})
+        paths = sorted({str(f) for t in manifest.tables for f in t.files})  # an in-place table: its shards
     return paths
 
 

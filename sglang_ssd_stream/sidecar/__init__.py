@@ -4,7 +4,8 @@ Imports neither sglang nor vllm nor torch; both engine plugins build on it.
 
 - :mod:`.format`: ``load_manifest``, ``SidecarTable``, ``check_model_shape``, ``find_weight_scales``
 - :mod:`.verify`: ``verify_sidecar`` (SHA-256, cached by inode/size/mtime)
-- :mod:`.build`: ``build_sidecar`` from an HF checkpoint's PLE shards
+- :mod:`.build`: ``build_sidecar`` from an HF checkpoint's PLE shards (a copy)
+- :mod:`.in_place`: ``build_in_place``: a manifest naming the shards' own regions (no copy)
 - :mod:`.reader`: ``SidecarReader`` (page planner, threaded ``preadv``, fail-closed)
 - :mod:`.mapped`: ``MappedReader`` (read-only mapping, threaded ``numpy.take``: fast when warm)
 - :func:`open_reader`: either of the two by name (``io="mmap"`` or ``"pread"``)
@@ -31,6 +32,7 @@ from .format import (
     SCALE_FILE_NAME,
     SidecarManifest,
     SidecarTable,
+    TableRegion,
     WeightScale,
     check_model_shape,
     filesystem_type,
@@ -60,7 +62,7 @@ def open_reader(table: SidecarTable, io: str, *, max_rows: int, workers: int, vo
 
 __all__ = [
     "MANIFEST_NAME", "ROWS_PER_TOKEN", "SCALE_FILE_NAME", "PAGE_SIZE",
-    "SidecarManifest", "SidecarTable", "WeightScale", "VerifyReport", "SidecarReader",
+    "SidecarManifest", "SidecarTable", "TableRegion", "WeightScale", "VerifyReport", "SidecarReader",
     "MappedReader", "IO_MODES", "open_reader",
     "load_manifest", "check_model_shape", "find_weight_scales", "filesystem_type", "warn_if_network_fs",
     "verify_sidecar", "rows_for_tokens",

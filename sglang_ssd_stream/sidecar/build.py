@@ -229,6 +229,31 @@ def find_ple_shards(
     return out
 
 
+def select_sources(checkpoint: Path, sources: dict[int, PleLayerSource], *, layers: Iterable[int] | None = None,
+                   expected_rows: int | None = None, expected_columns: int | None = None
+                   ) -> dict[int, PleLayerSource]:
+    """``sources`` of the layers asked for (default all), each refused unless of the expected shape."""
+    if layers is not None:
+        wanted = sorted(set(layers))
+        absent = [n for n in wanted if n not in sources]
+        if absent:
+            raise SidecarCheckpointError(
+                f"{checkpoint}: no PLE shards for layer(s) {absent}; the checkpoint has layers {sorted(sources)}",
+                path=str(checkpoint), actual=sorted(sources), expected=wanted,
+            )
+        sources = {n: sources[n] for n in wanted}
+    for s in sources.values():
+        if expected_rows is not None and s.rows != expected_rows:
+            raise SidecarCheckpointError(
+                f"{checkpoint}: PLE layer {s.layer} has {s.rows} rows, expected {expected_rows}",
+                path=str(checkpoint), layer=s.layer, actual=s.rows, expected=expected_rows)
+        if expected_columns is not None and s.columns != expected_columns:
+            raise SidecarCheckpointError(
+                f"{checkpoint}: PLE layer {s.layer} has {s.columns} columns, expected {expected_columns}",
+                path=str(checkpoint), layer=s.layer, actual=s.columns, expected=expected_columns)
+    return sources
+
+
 def table_name(layer: int) -> str:
     return f"ple/layer-{layer}.bin"
 
@@ -298,25 +323,9 @@ def build_sidecar(
         raise SidecarCheckpointError(f"{checkpoint}: checkpoint directory not found", path=str(checkpoint))
     out_dir = Path(output) if output is not None else checkpoint
     tensors = _checkpoint_tensors(checkpoint)
-    sources = find_ple_shards(checkpoint, split_ngram_parts=split_ngram_parts, tensors=tensors)
-    if layers is not None:
-        wanted = sorted(set(layers))
-        absent = [n for n in wanted if n not in sources]
-        if absent:
-            raise SidecarCheckpointError(
-                f"{checkpoint}: no PLE shards for layer(s) {absent}; the checkpoint has layers {sorted(sources)}",
-                path=str(checkpoint), actual=sorted(sources), expected=wanted,
-            )
-        sources = {n: sources[n] for n in wanted}
-    for s in sources.values():
-        if expected_rows is not None and s.rows != expected_rows:
-            raise SidecarCheckpointError(
-                f"{checkpoint}: PLE layer {s.layer} has {s.rows} rows, expected {expected_rows}",
-                path=str(checkpoint), layer=s.layer, actual=s.rows, expected=expected_rows)
-        if expected_columns is not None and s.columns != expected_columns:
-            raise SidecarCheckpointError(
-                f"{checkpoint}: PLE layer {s.layer} has {s.columns} columns, expected {expected_columns}",
-                path=str(checkpoint), layer=s.layer, actual=s.columns, expected=expected_columns)
+    sources = select_sources(checkpoint, find_ple_shards(checkpoint, split_ngram_parts=split_ngram_parts,
+                                                         tensors=tensors),
+                             layers=layers, expected_rows=expected_rows, expected_columns=expected_columns)
 
     manifest_path = out_dir / MANIFEST_NAME
     if manifest_path.exists() or manifest_path.is_symlink():

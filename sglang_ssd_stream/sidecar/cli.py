@@ -25,6 +25,8 @@ def _human(n: int) -> str:
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import build_sidecar
 
+    if args.in_place:
+        return _build_in_place(args)
     result = build_sidecar(
         args.checkpoint,
         args.output,
@@ -46,6 +48,32 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"weight_scale: {result.scale_file or 'not found in the checkpoint'}")
     print(f"verified: {'skipped (--no-verify)' if result.verify is None else 'yes'}")
     print(f"wrote {result.manifest.path} in {result.seconds:.1f} s")
+    return EXIT_OK
+
+
+def _build_in_place(args: argparse.Namespace) -> int:
+    from .in_place import build_in_place
+
+    for flag, given in (("-o/--output", args.output is not None), ("--no-verify", args.no_verify)):
+        if given:  # each would be ignored: refused instead
+            raise _Usage(f"--in-place writes only ssd-stream.json into the checkpoint, hashing each region once; "
+                         f"{flag} does not apply to it")
+    result = build_in_place(args.checkpoint, split_ngram_parts=args.split_ngram_parts, layers=args.layers,
+                            expected_rows=args.rows, expected_columns=args.columns, force=args.force,
+                            progress=not args.quiet, cache_dir=args.cache_dir)
+    if args.json:
+        doc = result.to_json()
+        for entry, t in zip(doc["tables"], result.manifest.tables, strict=True):
+            entry["regions"] = len(t.regions)
+            entry["files"] = sorted({r.path for r in t.regions})
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for t in result.manifest.tables:
+        print(f"layer {t.layer}: in place, {len(t.regions)} regions of {len(t.files)} shard(s)  {t.dtype} "
+              f"[{t.rows}, {t.columns}]  {_human(t.bytes)}")
+    print(f"weight_scale: {result.scale_file or 'not found in the checkpoint'}")
+    print(f"wrote {result.manifest.path} in {result.seconds:.1f} s (no copy; verified cache recorded)")
     return EXIT_OK
 
 
@@ -73,7 +101,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         for c in report.tables:
             extra = f"  actual {c.actual_sha256}" if c.status == "mismatch" else ""
-            print(f"layer {c.layer}: {c.path}  {c.status}  sha256 {c.sha256}{extra}  "
+            t = manifest.table(c.layer)
+            where = (f"in place, {len(t.regions)} regions of {len(t.files)} shard(s)"
+                     + (f"; {c.detail}" if c.detail else "")) if t.in_place else c.path
+            print(f"layer {c.layer}: {where}  {c.status}  sha256 {c.sha256}{extra}  "
                   f"({_human(c.bytes)}, {c.seconds:.1f} s)")
         print("OK" if report.ok else "FAILED")
     if not report.ok:
@@ -177,9 +208,13 @@ def add_sidecar_commands(subparsers: argparse._SubParsersAction, engine: str = "
         "build",
         help="build a PLE sidecar (ssd-stream.json + ple/*.bin) from a checkpoint's PLE shards",
         description="Copy the PLE shard tensors of an HF-format checkpoint into raw row-major tables, "
-        "write ssd-stream.json with their SHA-256, and copy the PLE weight_scale. Restart-safe.",
+        "write ssd-stream.json with their SHA-256, and copy the PLE weight_scale. Restart-safe. With --in-place, "
+        "copy nothing: write only ssd-stream.json into the checkpoint, naming each shard tensor's byte region "
+        "with its SHA-256 (refused, naming the tensor, for a tensor the engines would convert).",
     )
     b.add_argument("checkpoint", help="HF-format checkpoint directory (with the PLE shard tensors)")
+    b.add_argument("--in-place", action="store_true",
+                   help="serve the rows from the checkpoint's own shards: write only ssd-stream.json (no copy)")
     b.add_argument("-o", "--output", help="artifact directory to write (default: the checkpoint directory)")
     b.add_argument("--split-ngram-parts", type=int, metavar="N",
                    help="shards per table (default: config.json's split_ngram_parts, else 512)")

@@ -17,6 +17,23 @@ Global row ``g`` of a table lives at byte ``(g - row_start) * columns * itemsize
 ``row_start`` is optional (default 0). Every other rule is enforced by :func:`load_manifest`;
 the SHA-256 is verified by :func:`sglang_ssd_stream.sidecar.verify.verify_sidecar`.
 
+**In place** (version 2, written by ``sidecar build --in-place`` into the checkpoint itself): no copy of the
+rows; each table names *regions* of the checkpoint's own safetensors shards, in row order, that together hold
+its rows ``[row_start, row_start + rows)``::
+
+    {"format": "sglang-ssd-stream", "version": 2,
+     "tables": [{"layer": 3, "dtype": "float8_e4m3fn", "rows": 320001536, "columns": 160, "row_start": 0,
+                 "regions": [{"path": "model-00002-of-00009.safetensors",
+                              "tensor": "model.language_model.layers.3.ple.….shard_0.weight",
+                              "offset": 1234568, "row_start": 0, "rows": 625003, "sha256": "<64 hex>",
+                              "file_bytes": 4987654321, "file_mtime_ns": 1765432100000000000}, ...]}]}
+
+Global row ``g`` of region ``r`` lives at byte ``r.offset + (g - r.row_start) * row_bytes`` of ``r.path``
+(relative to the manifest's directory, under the same trust rule as a table path). Each region's bytes are
+hashed on their own (``sha256``); ``file_bytes`` is the shard's size, checked at load; ``file_mtime_ns`` is
+its mtime when the regions were hashed (a verification that fails says whether the shard was written since).
+Every reader gets a region's file and offset from :class:`TableRegion` and never derives them.
+
 Imports only the standard library (no numpy, torch or engine).
 """
 
@@ -51,7 +68,8 @@ from .storage import NETWORK_FS_TYPES, filesystem_type  # noqa: F401 - re-export
 log = logging.getLogger(__name__)
 
 FORMAT = "sglang-ssd-stream"
-VERSION = 1
+VERSION = 1  # tables copied into files of their own
+VERSION_IN_PLACE = 2  # tables named as regions of the checkpoint's shards
 MANIFEST_NAME = "ssd-stream.json"
 SCALE_FILE_NAME = "model-plefp8-scale.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -59,8 +77,9 @@ ROWS_PER_TOKEN = 16  # (ngram_size - 1) * heads_per_ngram rows per token and PLE
 
 DTYPE_ITEMSIZE = {"float8_e4m3fn": 1, "bfloat16": 2}
 
-# Upper bounds: a manifest is small, and no plausible table comes near these.
-MAX_MANIFEST_BYTES = 1 << 20
+# Upper bounds: a manifest is small, and no plausible table comes near these. An in-place manifest lists every
+# shard tensor (~350 B each, 512 per table in the real checkpoint): 48 such tables are ~9 MiB.
+MAX_MANIFEST_BYTES = 16 << 20
 MAX_TABLES = 1024
 MAX_PATH_CHARS = 1024
 MAX_LAYER = 1 << 16
@@ -71,14 +90,43 @@ MAX_TABLE_BYTES = 1 << 50
 _TOP_KEYS = ("format", "version", "tables")
 _TABLE_REQUIRED = ("layer", "path", "sha256", "dtype", "rows", "columns", "bytes")
 _TABLE_OPTIONAL = ("row_start",)
+_IN_PLACE_REQUIRED = ("layer", "dtype", "rows", "columns", "regions")
+_REGION_KEYS = ("path", "tensor", "offset", "row_start", "rows", "sha256", "file_bytes", "file_mtime_ns")
+MAX_REGIONS = 1 << 16  # per table (the real checkpoint splits a table into 512)
+MAX_TENSOR_CHARS = 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 SCALE_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.weight_scale$")
 
 
 
 @dataclass(frozen=True)
+class TableRegion:
+    """Global rows ``[row_start, row_start + rows)`` of a table, row-major at byte ``offset`` of ``file``."""
+
+    path: str  # as written in the manifest (relative POSIX path)
+    file: Path  # absolute, symlinks resolved, checked by the trust rule
+    offset: int
+    row_start: int
+    rows: int
+    bytes: int  # rows × row_bytes
+    sha256: str  # of these bytes
+    file_bytes: int  # the whole file's size
+    tensor: str | None = None  # in place: the safetensors tensor these bytes are
+    file_mtime_ns: int | None = None  # in place: the shard's mtime when the region was hashed
+
+    @property
+    def row_end(self) -> int:
+        return self.row_start + self.rows
+
+
+@dataclass(frozen=True)
 class SidecarTable:
-    """One PLE table: global rows ``[row_start, row_start + rows)`` of decoder layer ``layer``."""
+    """One PLE table: global rows ``[row_start, row_start + rows)`` of decoder layer ``layer``.
+
+    Its bytes are ``regions``: one whole file of its own for a copied table (the default, filled in from the
+    other fields), or regions of the checkpoint's shards for an in-place table (``path`` and ``file`` then name
+    its first region's shard, for messages only; ``sha256`` is the SHA-256 of the regions' list, the table's
+    identity: each region's own SHA-256 covers its bytes)."""
 
     layer: int
     path: str  # as written in the manifest (relative POSIX path)
@@ -89,6 +137,22 @@ class SidecarTable:
     columns: int
     row_start: int
     bytes: int
+    regions: tuple[TableRegion, ...] = ()
+
+    def __post_init__(self):
+        if not self.regions:  # a copied table: one region, the whole file
+            object.__setattr__(self, "regions", (TableRegion(self.path, self.file, 0, self.row_start, self.rows,
+                                                             self.bytes, self.sha256, self.bytes),))
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the rows are regions of checkpoint shards (else one file of the table's own)."""
+        return self.regions[0].tensor is not None
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The distinct files holding the table's rows, in the order of their first region."""
+        return tuple(dict.fromkeys(r.file for r in self.regions))
 
     @property
     def itemsize(self) -> int:
@@ -218,6 +282,114 @@ def _check_table_file(manifest: Path, t: SidecarTable) -> None:
         )
 
 
+def regions_digest(regions: Iterable[TableRegion]) -> str:
+    """An in-place table's identity: the SHA-256 of its regions' ``row_start rows sha256`` lines, in row order
+    (``SidecarTable.sha256``, which the hot file's binding names; each region's own SHA-256 covers its bytes)."""
+    return hashlib.sha256("".join(f"{r.row_start} {r.rows} {r.sha256}\n" for r in regions).encode()).hexdigest()
+
+
+def _sha_field(manifest: Path, what: str, sha: object) -> str:
+    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+        raise _bad(manifest, what, sha if not isinstance(sha, str) or len(sha) <= 80 else sha[:80] + "…",
+                   "64 lowercase hex digits")
+    return sha
+
+
+def _in_place_table(p: Path, root: Path, where: str, entry: dict, roots: list[str]) -> SidecarTable:
+    """One version-2 table entry: its regions must tile its rows in row order, each inside its file."""
+    missing = [k for k in _IN_PLACE_REQUIRED if k not in entry]
+    if missing:
+        raise _bad(p, f"{where} missing field(s)", missing, f"all of {list(_IN_PLACE_REQUIRED)}")
+    extra = sorted(set(entry) - set(_IN_PLACE_REQUIRED) - set(_TABLE_OPTIONAL))
+    if extra:
+        raise _bad(p, f"{where} unknown field(s)", extra, f"only {list(_IN_PLACE_REQUIRED + _TABLE_OPTIONAL)}")
+    layer = _int_field(p, f"{where}.layer", entry["layer"], 0, MAX_LAYER)
+    dtype = entry["dtype"]
+    if dtype not in DTYPE_ITEMSIZE:
+        raise _bad(p, f"{where}.dtype", dtype, f"one of {sorted(DTYPE_ITEMSIZE)}")
+    rows = _int_field(p, f"{where}.rows", entry["rows"], 1, MAX_ROWS)
+    columns = _int_field(p, f"{where}.columns", entry["columns"], 1, MAX_COLUMNS)
+    row_start = _int_field(p, f"{where}.row_start", entry.get("row_start", 0), 0, MAX_ROWS)
+    row_bytes = columns * DTYPE_ITEMSIZE[dtype]
+    raw = entry["regions"]
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_REGIONS:
+        raise _bad(p, f"{where}.regions", raw if not isinstance(raw, list) else f"{len(raw)} regions",
+                   f"a list of 1 to {MAX_REGIONS} regions")
+    regions: list[TableRegion] = []
+    next_row = row_start
+    for j, r in enumerate(raw):
+        at = f"{where}.regions[{j}]"
+        if not isinstance(r, dict):
+            raise _bad(p, at, type(r).__name__, "a JSON object")
+        if set(r) != set(_REGION_KEYS):
+            raise _bad(p, f"{at} fields", sorted(r), f"exactly {list(_REGION_KEYS)}")
+        tensor = r["tensor"]
+        if not isinstance(tensor, str) or not tensor or len(tensor) > MAX_TENSOR_CHARS:
+            raise _bad(p, f"{at}.tensor", tensor, f"a tensor name of 1 to {MAX_TENSOR_CHARS} characters")
+        r_start = _int_field(p, f"{at}.row_start", r["row_start"], 0, MAX_ROWS)
+        if r_start != next_row:  # regions are listed in row order, each starting where the last one ended
+            raise _bad(p, f"{at}.row_start", r_start, f"{next_row} (regions tile the table's rows in row order)")
+        r_rows = _int_field(p, f"{at}.rows", r["rows"], 1, MAX_ROWS)
+        next_row = r_start + r_rows
+        offset = _int_field(p, f"{at}.offset", r["offset"], 0, MAX_TABLE_BYTES)
+        file_bytes = _int_field(p, f"{at}.file_bytes", r["file_bytes"], 1, MAX_TABLE_BYTES)
+        mtime = _int_field(p, f"{at}.file_mtime_ns", r["file_mtime_ns"], 0, 1 << 63)
+        nbytes = r_rows * row_bytes
+        if offset + nbytes > file_bytes:
+            raise SidecarSizeMismatch(
+                f"{p}: {at} ({tensor}) spans bytes [{offset}, {offset + nbytes}) of {r['path']!r}, beyond its "
+                f"file_bytes {file_bytes}", path=str(p), actual=offset + nbytes, expected=file_bytes)
+        file = resolve_table_path(p, root, r["path"], roots)
+        regions.append(TableRegion(r["path"], file, offset, r_start, r_rows, nbytes,
+                                   _sha_field(p, f"{at}.sha256", r["sha256"]), file_bytes, tensor, mtime))
+    if next_row != row_start + rows:
+        raise _bad(p, f"{where}.regions", f"rows [{row_start}, {next_row})",
+                   f"rows [{row_start}, {row_start + rows}) (the table's rows, all of them)")
+    first = regions[0]
+    return SidecarTable(layer, first.path, first.file, regions_digest(regions), dtype, rows, columns, row_start,
+                        rows * row_bytes, tuple(regions))
+
+
+def _check_disjoint(p: Path, tables: list[SidecarTable]) -> None:
+    """No two regions of a manifest share a byte of one file (each row has one home), and the regions of one file
+    agree on its size and mtime (one file, one identity)."""
+    spans: dict[Path, list[tuple[int, int, str]]] = {}
+    seen: dict[Path, TableRegion] = {}
+    for t in tables:
+        for r in t.regions:
+            spans.setdefault(r.file, []).append((r.offset, r.offset + r.bytes, r.tensor or r.path))
+            first = seen.setdefault(r.file, r)
+            if (r.file_bytes, r.file_mtime_ns) != (first.file_bytes, first.file_mtime_ns):
+                raise _bad(p, "regions", f"{first.tensor} and {r.tensor} record different sizes or mtimes of "
+                           f"{r.file}", "one size and mtime per file")
+    for file, s in spans.items():
+        s.sort()
+        for (_, end, a), (start, _, b) in zip(s, s[1:], strict=False):
+            if start < end:
+                raise _bad(p, "regions", f"{a} and {b} overlap in {file}", "regions that share no byte")
+
+
+def _check_region_files(manifest: Path, t: SidecarTable) -> None:
+    """Every shard an in-place table reads is a regular file of the size the manifest recorded."""
+    for r in t.regions:
+        try:
+            st = os.stat(r.file)
+        except OSError as exc:  # missing, ELOOP, EACCES, ...: named, never a traceback
+            raise SidecarManifestError(
+                f"{manifest}: shard {r.path} ({r.file}) of PLE layer {t.layer} cannot be opened: "
+                f"{exc.strerror or exc}", path=str(r.file), actual=exc.errno, expected=r.file_bytes) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise SidecarManifestError(
+                f"{manifest}: shard {r.path} ({r.file}) of PLE layer {t.layer} is not a regular file",
+                path=str(r.file), actual=stat.filemode(st.st_mode), expected="regular file")
+        if st.st_size != r.file_bytes:
+            cls = SidecarTruncated if st.st_size < r.file_bytes else SidecarSizeMismatch
+            raise cls(
+                f"shard {r.file} of PLE layer {t.layer} has {st.st_size} bytes, but the manifest {manifest} was "
+                f"built from one of {r.file_bytes} bytes (the checkpoint changed since: rebuild it with "
+                f"`sidecar build --in-place`)", path=str(r.file), actual=st.st_size, expected=r.file_bytes)
+
+
 def _read_regular(p: Path, limit: int) -> bytes:
     """At most ``limit`` bytes of ``p`` if it is a regular file (a symlink to one is fine: HF snapshots link
     into blobs/). Opened non-blocking and checked with fstat, so a FIFO or device raises instead of hanging."""
@@ -287,8 +459,10 @@ def load_manifest(
         raise _bad(p, "unknown field(s)", extra, f"only {list(_TOP_KEYS)}")
     if doc["format"] != FORMAT:
         raise _bad(p, "format", doc["format"], repr(FORMAT))
-    if type(doc["version"]) is not int or doc["version"] != VERSION:
-        raise _bad(p, "version", doc["version"], f"{VERSION} (this kit reads version {VERSION} only)")
+    version = doc["version"]
+    if type(version) is not int or version not in (VERSION, VERSION_IN_PLACE):
+        raise _bad(p, "version", version, f"{VERSION} (copied tables) or {VERSION_IN_PLACE} (in place): this kit "
+                                          f"reads these only")
     tables = doc["tables"]
     if not isinstance(tables, list) or not tables:
         raise _bad(p, "tables", tables if not isinstance(tables, list) else "[]", "a non-empty list")
@@ -303,6 +477,13 @@ def load_manifest(
         where = f"tables[{i}]"
         if not isinstance(entry, dict):
             raise _bad(p, where, type(entry).__name__, "a JSON object")
+        if version == VERSION_IN_PLACE:
+            table = _in_place_table(p, root, where, entry, roots)
+            if table.layer in layers:
+                raise _bad(p, f"{where}.layer", table.layer, "a layer not listed twice")
+            layers.add(table.layer)
+            out.append(table)
+            continue
         missing = [k for k in _TABLE_REQUIRED if k not in entry]
         if missing:
             raise _bad(p, f"{where} missing field(s)", missing, f"all of {list(_TABLE_REQUIRED)}")
@@ -316,10 +497,7 @@ def load_manifest(
         dtype = entry["dtype"]
         if dtype not in DTYPE_ITEMSIZE:
             raise _bad(p, f"{where}.dtype", dtype, f"one of {sorted(DTYPE_ITEMSIZE)}")
-        sha = entry["sha256"]
-        if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-            raise _bad(p, f"{where}.sha256", sha if not isinstance(sha, str) or len(sha) <= 80 else sha[:80] + "…",
-                       "64 lowercase hex digits")
+        sha = _sha_field(p, f"{where}.sha256", entry["sha256"])
         rows = _int_field(p, f"{where}.rows", entry["rows"], 1, MAX_ROWS)
         columns = _int_field(p, f"{where}.columns", entry["columns"], 1, MAX_COLUMNS)
         row_start = _int_field(p, f"{where}.row_start", entry.get("row_start", 0), 0, MAX_ROWS)
@@ -337,16 +515,21 @@ def load_manifest(
         files.add(file)
         out.append(SidecarTable(layer, entry["path"], file, sha, dtype, rows, columns, row_start, nbytes))
 
+    if version == VERSION_IN_PLACE:
+        _check_disjoint(p, out)
     manifest = SidecarManifest(p, root, tuple(out), hashlib.sha256(raw).hexdigest())
     if check_files:
         for t in manifest.tables:
-            _check_table_file(p, t)
+            if t.in_place:
+                _check_region_files(p, t)
+            else:
+                _check_table_file(p, t)
         warned: set[str] = set()
-        for t in manifest.tables:
-            fs = filesystem_type(t.file, mounts_path=mounts_path)
+        for file in dict.fromkeys(f for t in manifest.tables for f in t.files):
+            fs = filesystem_type(file, mounts_path=mounts_path)
             if fs in NETWORK_FS_TYPES and fs not in warned:
                 warned.add(fs)
-                _warn_network(t.file, fs)
+                _warn_network(file, fs)
     return manifest
 
 

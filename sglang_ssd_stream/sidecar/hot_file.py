@@ -19,7 +19,8 @@ Blocks go rank-major across tables, so any prefix of the file holds every table'
 reads a prefix and stops, never skipping forward or back. Trust: the version, then the header checksum, then the
 binding (the sidecar's manifest identity, every table's SHA-256 and row size as the manifest records them, this
 process's row range of each table: tables of different sizes split differently over TP ranks, and each table
-file's identity, ``file``: device, inode, size, mtime and ctime of the file the rows were read from) are checked
+file's identity, ``file``: device, inode, size, mtime and ctime of the file the rows were read from; for a table in
+more than one file, an in-place table's shards, a list of them in the manifest's file order) are checked
 before any row is read; each segment's SHA-256 before any row is returned; the ids after that (inside the range
 and the table, no duplicates); then a sample of the rows against the table file itself. Anything else is
 ``None`` and one warning line. The segment checksums prove only that the file is whole; the binding and the
@@ -54,7 +55,7 @@ from ..paths import data_dir
 from .errors import SidecarRowOutOfRange, SidecarShapeMismatch
 from .format import FORMAT as SIDECAR_FORMAT
 from .format import SidecarManifest, SidecarTable
-from .reader import open_table
+from .reader import RegionIndex, open_table
 from .verify import FILE_KEY_FIELDS, file_key
 
 log = logging.getLogger(__name__)
@@ -219,13 +220,27 @@ def _tables_for(manifest: SidecarManifest, ranges: dict[int, RowRange],
     return out
 
 
+def _file_keys(table: SidecarTable, stats) -> dict | list[dict]:
+    """What the header records of a table's files: one ``file_key`` (a table in one file, as version 3 has it) or
+    a list of them in ``table.files`` order. ``stats``: a stat result or a sequence of them; None: the files now."""
+    if stats is None:
+        stats = [os.stat(f) for f in table.files]
+    elif isinstance(stats, os.stat_result) or not isinstance(stats, tuple | list):  # a stat result is a tuple too
+        stats = [stats]
+    if len(stats) != len(table.files):
+        raise ValueError(f"layer {table.layer}: {len(stats)} file identities for a table in {len(table.files)} files")
+    keys = [file_key(st) for st in stats]
+    return keys[0] if len(keys) == 1 else keys
+
+
 def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range: RowRange | RowRanges,
                    rows_by_layer: dict[int, tuple[np.ndarray, np.ndarray]], *, role: str = "",
                    block_rows: int = DEFAULT_BLOCK_ROWS, table_stats: dict[int, os.stat_result] | None = None) -> int:
     """Write ``rows_by_layer`` (``{layer: (ids int64 [n], rows uint8 [n, row_bytes])}``, hottest first) as the
     hot file ``path`` of ``manifest``'s sidecar and ``row_range`` (this rank's ``(vocab_start, vocab_end)``).
-    ``table_stats``: ``{layer: os.fstat(fd)}`` of the table files the rows were read from (default: each table
-    file as it is now); the reader refuses the file once a table is another file or was written since.
+    ``table_stats``: ``{layer: os.fstat(fd)}`` of the table files the rows were read from, a tuple of them (the
+    table's files in order) for an in-place table (default: each table file as it is now); the reader refuses the
+    file once a table is another file or was written since.
 
     Atomic: a temporary file beside ``path``, fsync, rename, fsync of the directory; a failure (raised:
     ``OSError``) leaves the old file as it was. Bad input (a layer the sidecar lacks, a wrong row size, an id
@@ -243,7 +258,7 @@ def write_hot_file(path: str | os.PathLike, manifest: SidecarManifest, row_range
         "role": str(role), "written_unix": int(time.time()),
         "tables": [{"layer": layer, "sha256": manifest.table(layer).sha256, "row_bytes": int(rows.shape[1]),
                     "row_range": list(ranges[layer]), "count": int(ids.size),
-                    "file": file_key(stats[layer] if layer in stats else os.stat(manifest.table(layer).file))}
+                    "file": _file_keys(manifest.table(layer), stats.get(layer))}
                    for layer, ids, rows in tables],
     }
     raw_meta = json.dumps(meta, separators=(",", ":")).encode()
@@ -400,18 +415,23 @@ def _bind(meta: dict, manifest: SidecarManifest, ranges: dict[int, RowRange]
         count = _int(t.get("count"), 0, mine.rows, f"layer {layer}'s count")
         if count > ranges[layer][1] - ranges[layer][0]:
             raise _Bad("corrupt header (more rows than the range holds)")
-        files[layer] = _recorded_file(t.get("file"), layer)
+        files[layer] = _recorded_files(t.get("file"), layer, len(mine.files))
         out.append((layer, mine.row_bytes, count))
     return _int(meta.get("block_rows"), 1, MAX_BLOCK_ROWS, "block_rows"), out, files
 
 
-def _recorded_file(doc: object, layer: int) -> dict:
-    """A table's recorded file identity (``file_key``'s fields, each an integer)."""
-    if not isinstance(doc, dict) or set(doc) != set(FILE_KEY_FIELDS):
-        raise _Bad(f"corrupt header (layer {layer}'s table file identity)")
-    for name in FILE_KEY_FIELDS:
-        _int(doc[name], -(1 << 63), (1 << 64) - 1, f"layer {layer}'s {name}")  # times before 1970 are negative
-    return doc
+def _recorded_files(doc: object, layer: int, nfiles: int) -> list[dict]:
+    """A table's recorded file identities (``file_key``'s fields, each an integer), one per file of the table: a
+    single one for a table in one file, else a list."""
+    docs = [doc] if nfiles == 1 else doc
+    if not isinstance(docs, list) or len(docs) != nfiles:
+        raise _Bad(f"corrupt header (layer {layer}'s table file identities: expected {nfiles})")
+    for d in docs:
+        if not isinstance(d, dict) or set(d) != set(FILE_KEY_FIELDS):
+            raise _Bad(f"corrupt header (layer {layer}'s table file identity)")
+        for name in FILE_KEY_FIELDS:
+            _int(d[name], -(1 << 63), (1 << 64) - 1, f"layer {layer}'s {name}")  # times before 1970 are negative
+    return docs
 
 
 def changed_fields(recorded: dict | os.stat_result, now: dict | os.stat_result) -> str:
@@ -422,24 +442,26 @@ def changed_fields(recorded: dict | os.stat_result, now: dict | os.stat_result) 
     return ", ".join(f"{name} {a.get(name)} -> {b[name]}" for name in FILE_KEY_FIELDS if a.get(name) != b[name])
 
 
-def _open_tables(manifest: SidecarManifest, files: dict[int, dict], fds: dict[int, int]) -> None:
-    """Open each table the file has rows of into ``fds`` (the caller closes them), refusing one that is not the
-    very file its rows were read from: another inode (a table replaced by a rename), or the same one written since
-    (its size, mtime or ctime moved: ctime even when the writer put mtime back)."""
+def _open_tables(manifest: SidecarManifest, files: dict[int, list[dict]], fds: dict[int, list[int]]) -> None:
+    """Open each file of each table the file has rows of into ``fds`` (the caller closes them), refusing one that
+    is not the very file its rows were read from: another inode (a table replaced by a rename), or the same one
+    written since (its size, mtime or ctime moved: ctime even when the writer put mtime back)."""
     for layer, recorded in files.items():
         table = manifest.table(layer)
-        try:
-            fds[layer] = fd = open_table(table.file)
-            now = os.fstat(fd)
-        except OSError as exc:
-            raise _Bad(f"layer {layer}'s table {table.file} cannot be opened ({exc.strerror or exc})") from None
-        why = changed_fields(recorded, now)
-        if why:
-            raise _Bad(f"layer {layer}'s table {table.file} is not the file its rows were read from ({why})")
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # the sample's reads: one page each, no read-ahead
+        opened = fds.setdefault(layer, [])
+        for path, key in zip(table.files, recorded, strict=True):
+            try:
+                opened.append(fd := open_table(path))
+                now = os.fstat(fd)
+            except OSError as exc:
+                raise _Bad(f"layer {layer}'s table {path} cannot be opened ({exc.strerror or exc})") from None
+            why = changed_fields(key, now)
+            if why:
+                raise _Bad(f"layer {layer}'s table {path} is not the file its rows were read from ({why})")
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # the sample's reads: one page each, no read-ahead
 
 
-def _spot_check(manifest: SidecarManifest, fds: dict[int, int], out: dict, pool) -> None:
+def _spot_check(manifest: SidecarManifest, fds: dict[int, list[int]], out: dict, pool) -> None:
     """Read a sample of the rows read back from the tables themselves (each table's first SPOT_HEAD, SPOT_SAMPLE
     more drawn from os.urandom) and refuse the file at the first that differs: the checksums only prove the file
     is whole, and a forged one (its identities copied) or a writer's bug carries wrong rows with right sums."""
@@ -456,11 +478,15 @@ def _spot_check(manifest: SidecarManifest, fds: dict[int, int], out: dict, pool)
             raise _Bad(f"layer {layer}'s row {bad} differs from its table {manifest.table(layer).file}")
 
 
-def _first_differing(fd: int, table: SidecarTable, ids: np.ndarray, rows: np.ndarray) -> int | None:
-    """The first of ``ids`` whose bytes in the table are not its row of ``rows``; None when every one matches."""
+def _first_differing(fds: list[int], table: SidecarTable, ids: np.ndarray, rows: np.ndarray) -> int | None:
+    """The first of ``ids`` whose bytes in the table (``fds``: its files, in ``table.files`` order) are not its row
+    of ``rows``; None when every one matches. Each row is read where the manifest's regions put it."""
     rb = table.row_bytes
-    for i, row in zip(ids.tolist(), rows, strict=True):
-        if os.pread(fd, rb, (i - table.row_start) * rb) != row.tobytes():
+    region, offsets = RegionIndex(table).locate(ids.astype(np.int64))
+    file_of = [table.files.index(r.file) for r in table.regions]
+    for k, (i, row) in enumerate(zip(ids.tolist(), rows, strict=True)):
+        fd = fds[0] if region is None else fds[file_of[region[k]]]
+        if os.pread(fd, rb, int(offsets[k])) != row.tobytes():
             return i
     return None
 
@@ -479,7 +505,7 @@ def _take(tables: list[tuple[int, int, int]], budget: int) -> int:
 def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], budget: int) -> HotSet:
     fd = _open(path)
     pool = None
-    tables_fds: dict[int, int] = {}
+    tables_fds: dict[int, list[int]] = {}
     try:
         size = os.fstat(fd).st_size
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead window for the one pass
@@ -552,7 +578,7 @@ def _read(path: Path, manifest: SidecarManifest, ranges: dict[int, RowRange], bu
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        for table_fd in tables_fds.values():
+        for table_fd in (fd for opened in tables_fds.values() for fd in opened):
             os.close(table_fd)
         os.close(fd)
 

@@ -79,7 +79,7 @@ class HotRows:
         self._file_id: tuple[int, int, int, int] | None = None
         # each table file as this process's caches read it: a write records it (the next start refuses the file
         # when its table is another), and a table written while served is never written into the file
-        self._tables = {layer: os.fstat(c.fileno()) for layer, c in caches.items()}
+        self._tables = {layer: c.file_stats() for layer, c in caches.items()}  # every file of each table
 
     def _rows_per_layer(self, cache) -> int:
         return int(cache.capacity * self.share)
@@ -182,7 +182,7 @@ class HotRows:
         ctime moved): written in place, the cache may hold rows of either content, and none may outlive this
         process; renamed over (only its ctime moves, its rows stay right), the next start refuses the file anyway."""
         for layer in layers:
-            why = changed_fields(self._tables[layer], os.fstat(self.caches[layer].fileno()))
+            why = "; ".join(w for w in map(changed_fields, self._tables[layer], self.caches[layer].file_stats()) if w)
             if why:
                 raise TableChanged(f"PLE table {self.manifest.table(layer).file} (layer {layer}) changed while it is "
                                    f"served ({why}: written in place, or replaced); its rows are not saved")

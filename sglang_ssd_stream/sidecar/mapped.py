@@ -40,10 +40,20 @@ import time
 from collections.abc import Iterable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .errors import SidecarIOError, SidecarShapeMismatch, SidecarTruncated
 from .format import SidecarTable
-from .reader import check_bounds, check_ids, check_out, check_unchanged, check_usable, open_table, table_identity
+from .reader import (
+    RegionIndex,
+    TableFiles,
+    check_bounds,
+    check_ids,
+    check_out,
+    check_usable,
+    rank_segments,
+    refuse_in_place,
+)
 
 DEFAULT_WORKERS = 16
 DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk)
@@ -72,7 +82,8 @@ def drop_page_cache(path: str | os.PathLike, readers: Iterable[object] = ()) -> 
     for r in readers:
         r = getattr(r, "reader", r)  # a wrapper holding a reader (vLLM's MmapRows, SidecarGather)
         if isinstance(r, MappedReader) and not r._closed:
-            r._map.madvise(mmap.MADV_DONTNEED)
+            for m in r._maps:
+                m.madvise(mmap.MADV_DONTNEED)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -118,26 +129,50 @@ class MappedReader:
                 f"max_rows ({self.max_rows}), workers ({self.workers}) and rows_per_task ({self.rows_per_task}) "
                 f"must be at least 1", path=str(table.file), actual=(self.max_rows, self.workers), expected=">= 1")
         try:
-            self._fd = open_table(table.file)
+            self._files = files = TableFiles(table)
         except OSError as exc:
             raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}",
                                  path=str(table.file)) from exc
+        self._fd = files.fds[0]
+        self._maps: list[mmap.mmap] = []
         try:
-            self._identity = table_identity(self._fd, table)
-            first = (self.vocab_start - table.row_start) * rb  # map only this rank's rows
-            skew = first % mmap.ALLOCATIONGRANULARITY
-            length = (self.vocab_end - self.vocab_start) * rb + skew
-            try:
-                self._map = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ, offset=first - skew)
-            except (OSError, ValueError) as exc:
-                raise SidecarIOError(f"cannot map PLE table {table.file}: {exc}", path=str(table.file)) from exc
-            try:
-                self._map.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
-            except (AttributeError, OSError):
-                pass
-            self._rows = np.frombuffer(self._map, dtype=np.uint8)[skew:].reshape(self.vocab_end - self.vocab_start, rb)
+            self._identity = files.identities[0]
+            # One mapping per file, over the bytes of this rank's rows there (a copied table: this rank's rows);
+            # each segment of rank_segments a [rows, row_bytes] view into it
+            segs = rank_segments(table, self.vocab_start, self.vocab_end)
+            spans: dict[int, list[int]] = {}
+            for lo, hi, region, first in segs:
+                span = spans.setdefault(files.file_of[region], [first, first])
+                span[0], span[1] = min(span[0], first), max(span[1], first + (hi - lo) * rb)
+            base: dict[int, np.ndarray] = {}
+            for f, (start, end) in spans.items():
+                skew = start % mmap.ALLOCATIONGRANULARITY
+                try:
+                    m = mmap.mmap(files.fds[f], end - start + skew, access=mmap.ACCESS_READ, offset=start - skew)
+                except (OSError, ValueError) as exc:
+                    raise SidecarIOError(f"cannot map PLE table {files.paths[f]}: {exc}",
+                                         path=str(files.paths[f])) from exc
+                self._maps.append(m)
+                try:
+                    m.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
+                except (AttributeError, OSError):
+                    pass
+                base[f] = np.frombuffer(m, dtype=np.uint8)[skew:]
+            self._views = [base[files.file_of[region]][first - spans[files.file_of[region]][0]:][:(hi - lo) * rb]
+                           .reshape(hi - lo, rb) for lo, hi, region, first in segs]
+            self._rows = self._views[0] if len(self._views) == 1 else None
+            if self._rows is None:  # an in-place table: rows gathered by their byte in each file's mapping
+                self._regions = RegionIndex(table)
+                self._region_file = np.array(files.file_of, np.int64)
+                self._span_start = np.array([spans.get(f, (0, 0))[0] for f in range(len(files.fds))], np.int64)
+                # a row at any byte: [bytes - row_bytes + 1, row_bytes] with strides (1, 1), nothing copied
+                self._windows = {f: as_strided(b, shape=(b.size - rb + 1, rb), strides=(1, 1), writeable=False)
+                                 for f, b in base.items()}
         except BaseException:
-            os.close(self._fd)
+            self._views = self._rows = None
+            for m in self._maps:
+                m.close()
+            files.close()
             raise
         if not faulthandler.is_enabled():
             faulthandler.enable(all_threads=True)  # a media error under the mapping is a SIGBUS: say where
@@ -163,19 +198,26 @@ class MappedReader:
         return not self._closed and self._failure is None
 
     @property
-    def mapped_rows(self) -> np.ndarray:
-        """This rank's rows as a read-only ``[vocab_end - vocab_start, row_bytes]`` view of the
-        mapping (the native host node copies from it; holding it keeps the mapping alive)."""
+    def mapped_views(self) -> list[np.ndarray]:
+        """This rank's rows, one read-only ``[rows, row_bytes]`` view per segment of
+        :func:`~.reader.rank_segments` (the native host node copies from them; holding one keeps its mapping)."""
         self._check_usable()
-        return self._rows
+        return list(self._views)
+
+    @property
+    def table_files(self) -> TableFiles:
+        """The table's files as this reader opened them (descriptors, identities; the native read copies them)."""
+        self._check_usable()
+        return self._files
 
     @property
     def identity(self) -> tuple[int, ...]:
-        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`table_identity`)."""
+        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`~.reader.file_identity`)."""
         return self._identity
 
     def fileno(self) -> int:
         self._check_usable()
+        refuse_in_place(self.table, "a reader's single descriptor (the native read, `sidecar profile`)")
         return self._fd
 
     def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
@@ -191,7 +233,7 @@ class MappedReader:
             self._check_usable()
             check_bounds(ids, self.table, self.total_rows)
             try:
-                check_unchanged(self._fd, self.table, self._identity)
+                self._files.check_unchanged()
             except (SidecarIOError, SidecarTruncated) as exc:
                 self._failure = exc.message
                 raise
@@ -199,15 +241,14 @@ class MappedReader:
             self._stats["rows"] += n
             if n == 0:
                 return
-            local = ids - self.vocab_start
-            outside = (local < 0) | (local >= self._rows.shape[0])
+            outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
             any_outside = bool(outside.any())
-            if any_outside:
-                np.clip(local, 0, self._rows.shape[0] - 1, out=local)  # copied, then zeroed below
+            if any_outside:  # copied from a row of this rank, then zeroed below
+                ids = np.clip(ids, self.vocab_start, self.vocab_end - 1)
             self._stats["rows_in_range"] += n - int(outside.sum()) if any_outside else n
-            self._copy(local, out)
+            self._copy(ids, out)
             try:
-                check_unchanged(self._fd, self.table, self._identity)  # a write during the copy: not served
+                self._files.check_unchanged()  # a write during the copy: not served
             except (SidecarIOError, SidecarTruncated) as exc:
                 self._failure = exc.message
                 raise
@@ -220,12 +261,13 @@ class MappedReader:
             if self._closed:
                 return
             self._closed = True
-            self._rows = None
-            try:
-                self._map.close()
-            except BufferError:  # a caller still holds a view of the mapping; it goes with that view
-                pass
-            os.close(self._fd)
+            self._rows = self._views = None
+            for m in self._maps:
+                try:
+                    m.close()
+                except BufferError:  # a caller still holds a view of the mapping; it goes with that view
+                    pass
+            self._files.close()
 
     def __enter__(self) -> MappedReader:
         return self
@@ -242,8 +284,22 @@ class MappedReader:
     def _check_usable(self) -> None:
         check_usable(self.table, self._closed, self._failure)
 
-    def _take(self, local: np.ndarray, out: np.ndarray) -> None:
-        np.take(self._rows, local, axis=0, out=out, mode="clip")  # bounds already checked; "raise" would buffer
+    def _take(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``ids`` (global, of this rank) into ``out``, view by view; bounds already checked ("raise" would
+        buffer)."""
+        if self._rows is not None:
+            np.take(self._rows, ids - self.vocab_start, axis=0, out=out, mode="clip")
+            return
+        region, offsets = self._regions.locate(ids)
+        f = self._region_file[region]
+        offsets -= self._span_start[f]
+        if len(self._windows) == 1:
+            out[...] = self._windows[int(f[0])][offsets]
+            return
+        for k, window in self._windows.items():  # a few shard files: one gather each
+            pos = np.flatnonzero(f == k)
+            if pos.size:
+                out[pos] = window[offsets[pos]]
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0

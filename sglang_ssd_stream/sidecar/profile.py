@@ -206,10 +206,11 @@ def build_profile(manifest: SidecarManifest, model: str | os.PathLike, corpus: S
         try:
             # the file is bound to the table its rows were read from (the descriptor's identity, not the path's
             # when writing), and a table written meanwhile (ctime moves even when mtime is put back) is refused
-            opened[table.layer] = os.fstat(reader.fileno())
+            fds = reader.table_files.fds  # every file of the table (an in-place table's shards)
+            opened[table.layer] = tuple(os.fstat(fd) for fd in fds)
             for a in range(0, top.size, 1 << 16):
                 reader.read_rows(top[a:a + (1 << 16)], data[a:a + (1 << 16)])
-            why = changed_fields(opened[table.layer], os.fstat(reader.fileno()))
+            why = "; ".join(w for w in map(changed_fields, opened[table.layer], (os.fstat(fd) for fd in fds)) if w)
         finally:
             reader.close()
         if why:

@@ -68,13 +68,10 @@ def _pages_per_row(row_bytes: int) -> int:
     return (row_bytes + PAGE_SIZE - 2) // PAGE_SIZE + 1
 
 
-def _close_fd(fd: int, pool: concurrent.futures.ThreadPoolExecutor | None) -> None:
+def _close_files(files: TableFiles, pool: concurrent.futures.ThreadPoolExecutor | None) -> None:
     if pool is not None:
         pool.shutdown(wait=True)
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+    files.close()
 
 
 def check_ids(ids: Sequence[int] | np.ndarray, table: SidecarTable, total_rows: int) -> np.ndarray:
@@ -121,33 +118,113 @@ def open_table(path: str | os.PathLike, extra_flags: int = 0) -> int:
     return fd
 
 
-def table_identity(fd: int, table: SidecarTable) -> tuple[int, ...]:
-    """What a write to the open table changes: device, inode, size and mtime (ns). Checked before and
-    after every read, so no row read across an in-place rewrite (cp over it, truncate and regrow) is
-    served. ctime is left out on purpose: a ``mv`` over the path changes only our inode's ctime (its
-    link count), and our inode's rows stay right. Not seen: a writer that puts mtime back afterwards
-    (``touch -d``), or a write within one filesystem clock tick of the table's own last write."""
+def file_identity(fd: int, path: os.PathLike | str, size: int) -> tuple[int, ...]:
+    """What a write to an open table file changes: device, inode, size and mtime (ns); the file must hold at least
+    ``size`` bytes. Checked before and after every read, so no row read across an in-place rewrite (cp over it,
+    truncate and regrow) is served. ctime is left out on purpose: a ``mv`` over the path changes only our inode's
+    ctime (its link count), and our inode's rows stay right. Not seen: a writer that puts mtime back afterwards
+    (``touch -d``), or a write within one filesystem clock tick of the file's own last write."""
     try:
         st = os.fstat(fd)
     except OSError as exc:
-        raise SidecarIOError(f"cannot stat PLE table {table.file}: {exc.strerror or exc}",
-                             path=str(table.file)) from exc
-    if st.st_size < table.bytes:
+        raise SidecarIOError(f"cannot stat PLE table {path}: {exc.strerror or exc}", path=str(path)) from exc
+    if st.st_size < size:
         raise SidecarTruncated(
-            f"PLE table {table.file} is truncated: it has {st.st_size} bytes, expected {table.bytes} "
-            f"(was it rewritten while the server runs?)", path=str(table.file), actual=st.st_size,
-            expected=table.bytes)
+            f"PLE table {path} is truncated: it has {st.st_size} bytes, expected {size} "
+            f"(was it rewritten while the server runs?)", path=str(path), actual=st.st_size, expected=size)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def check_unchanged(fd: int, table: SidecarTable, opened: tuple[int, ...]) -> None:
-    """:class:`SidecarChanged` when the table is not the file it was when opened."""
-    now = table_identity(fd, table)
-    if now != opened:
-        raise SidecarChanged(
-            f"PLE table {table.file} was written while it is served (its size or mtime changed since it was "
-            f"opened); none of its rows is served any more. Restart the server; replace a sidecar by writing a "
-            f"new file and renaming it over the old one, never in place", path=str(table.file))
+def file_sizes(table: SidecarTable) -> dict[os.PathLike, int]:
+    """The size each file of ``table`` must have: a copied table's is its own, an in-place shard's what the
+    manifest recorded."""
+    return {r.file: (r.file_bytes if table.in_place else table.bytes) for r in table.regions}
+
+
+class TableFiles:
+    """The files of one table, opened once (:func:`open_table`) with their identity at open: what the Python
+    readers check before and after every read (:meth:`check_unchanged`). ``fds[file_of[i]]`` reads region ``i``.
+    OSError (from :func:`open_table`) for the caller to name; nothing stays open then."""
+
+    def __init__(self, table: SidecarTable, extra_flags: int = 0):
+        self.table = table
+        self.paths = table.files
+        sizes = file_sizes(table)
+        self.fds: list[int] = []
+        try:
+            for path in self.paths:
+                self.fds.append(open_table(path, extra_flags))
+            self.identities = [file_identity(fd, path, sizes[path]) for fd, path in zip(self.fds, self.paths,
+                                                                                        strict=True)]
+        except BaseException:
+            self.close()
+            raise
+        self.file_of = tuple(self.paths.index(r.file) for r in table.regions)
+
+    def check_unchanged(self) -> None:
+        """:class:`SidecarChanged` when any file is not the file it was when opened."""
+        sizes = file_sizes(self.table)
+        for fd, path, opened in zip(self.fds, self.paths, self.identities, strict=True):
+            if file_identity(fd, path, sizes[path]) != opened:
+                raise SidecarChanged(
+                    f"PLE table {path} was written while it is served (its size or mtime changed since it was "
+                    f"opened); none of its rows is served any more. Restart the server; replace a sidecar by "
+                    f"writing a new file and renaming it over the old one, never in place", path=str(path))
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+
+class RegionIndex:
+    """Where a table's global rows lie: :meth:`locate` gives each id's region and byte offset in that region's
+    file, from the regions' ``offset`` and ``row_start`` as the manifest gives them (readers never derive them)."""
+
+    def __init__(self, table: SidecarTable):
+        self.row_bytes = table.row_bytes
+        self.single = len(table.regions) == 1
+        self.starts = np.array([r.row_start for r in table.regions], np.int64)
+        self.offsets = np.array([r.offset for r in table.regions], np.int64)
+        self.base = self.offsets - self.starts * self.row_bytes  # row g of region k lies at base[k] + g × row_bytes
+        # Regions of one size but the last (a checkpoint's ceil(rows / parts) shards): an id's region is a division
+        # instead of a search (0.1 ms instead of 2 ms for 32K ids here)
+        sizes = np.diff(self.starts)
+        self.stride = int(sizes[0]) if sizes.size and (sizes == sizes[0]).all() else 0
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """(region index of each id, or None for a one-region table; byte offset of each id in its file) for ids
+        already checked to lie in the table."""
+        if self.single:
+            return None, self.offsets[0] + (ids - self.starts[0]) * self.row_bytes
+        if self.stride:
+            ridx = np.minimum((ids - self.starts[0]) // self.stride, self.starts.size - 1)
+        else:
+            ridx = np.searchsorted(self.starts, ids, side="right") - 1
+        return ridx, self.base[ridx] + ids * self.row_bytes
+
+
+def rank_segments(table: SidecarTable, vocab_start: int, vocab_end: int) -> list[tuple[int, int, int, int]]:
+    """This rank's rows ``[vocab_start, vocab_end)`` region by region, in row order: ``(first row, end row, region
+    index, byte of the first row in the region's file)`` (a copied table: one segment)."""
+    out = []
+    for i, r in enumerate(table.regions):
+        lo, hi = max(r.row_start, vocab_start), min(r.row_end, vocab_end)
+        if lo < hi:
+            out.append((lo, hi, i, r.offset + (lo - r.row_start) * table.row_bytes))
+    return out
+
+
+def refuse_in_place(table: SidecarTable, what: str) -> None:
+    """:class:`SidecarReaderUnusable` for a read path that reads one whole file per table (not yet regions)."""
+    if table.in_place:
+        raise SidecarReaderUnusable(
+            f"{what} does not read an in-place PLE table yet (layer {table.layer}: {len(table.regions)} regions of "
+            f"{len(table.files)} checkpoint shard(s)); serve it with the row cache off and without CUDA graphs, "
+            f"or from a copied sidecar (`sidecar build CHECKPOINT -o DIR`)", path=str(table.file))
 
 
 def check_usable(table: SidecarTable, closed: bool, failure: str | None) -> None:
@@ -264,7 +341,7 @@ class SidecarReader:
         self._wave_rows = max(1, min(self.max_rows, _MAX_WAVE_ROWS))
 
         try:
-            fd = open_table(table.file, os.O_DIRECT if self.direct else 0)
+            files = TableFiles(table, os.O_DIRECT if self.direct else 0)
         except OSError as exc:
             if self.direct and exc.errno == errno.EINVAL:
                 raise SidecarIOError(
@@ -273,15 +350,19 @@ class SidecarReader:
                 ) from exc
             raise SidecarIOError(f"cannot open PLE table {table.file}: {exc.strerror or exc}",
                                  path=str(table.file)) from exc
-        self._fd = fd
+        self._files = files
+        self._fd = files.fds[0]
+        self._regions = RegionIndex(table)
+        self._region_file = np.array(files.file_of, np.int64)
         try:
-            self._identity = table_identity(fd, table)
-            self._file_size = self._identity[2]
+            self._identity = files.identities[0]
+            self._file_sizes = [ident[2] for ident in files.identities]
             if not self.direct:
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                except (AttributeError, OSError):
-                    pass
+                for fd in files.fds:
+                    try:
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                    except (AttributeError, OSError):
+                        pass
             self._buf = mmap.mmap(-1, self._buffer_len)  # page aligned: valid for O_DIRECT
             self._mv = memoryview(self._buf)
             self._np = np.frombuffer(self._buf, dtype=np.uint8)
@@ -293,9 +374,9 @@ class SidecarReader:
                 if self.workers > 1 else None
             )
         except BaseException:
-            os.close(fd)
+            files.close()
             raise
-        self._finalizer = weakref.finalize(self, _close_fd, fd, self._pool)
+        self._finalizer = weakref.finalize(self, _close_files, files, self._pool)
         self._lock = threading.Lock()
         self._failure: str | None = None
         self._closed = False
@@ -325,12 +406,19 @@ class SidecarReader:
 
     @property
     def identity(self) -> tuple[int, ...]:
-        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`table_identity`)."""
+        """(st_dev, st_ino, st_size, st_mtime_ns) of the table when it was opened (:func:`~.reader.file_identity`)."""
         return self._identity
 
-    def fileno(self) -> int:
-        """The table's descriptor (the native host node reads rows with ``pread`` on it)."""
+    @property
+    def table_files(self) -> TableFiles:
+        """The table's files as this reader opened them (descriptors, identities; the native read copies them)."""
         self._check_usable()
+        return self._files
+
+    def fileno(self) -> int:
+        """The table's descriptor (the native host node reads rows with ``pread`` on it); a copied table's only."""
+        self._check_usable()
+        refuse_in_place(self.table, "a reader's single descriptor (the native read, `sidecar profile`)")
         return self._fd
 
     def read_rows(self, ids: np.ndarray, out: np.ndarray) -> None:
@@ -358,10 +446,10 @@ class SidecarReader:
             self._stats["calls"] += 1
             self._stats["rows"] += n
             try:
-                check_unchanged(self._fd, self.table, self._identity)
+                self._files.check_unchanged()
                 for a in range(0, n, self.max_rows):
                     self._read_slice(ids[a:a + self.max_rows], out[a:a + self.max_rows])
-                check_unchanged(self._fd, self.table, self._identity)  # a write during the read: not served
+                self._files.check_unchanged()  # a write during the read: not served
             except SidecarIOError as exc:
                 self._failure = exc.message
                 raise
@@ -400,7 +488,6 @@ class SidecarReader:
     # ------------------------------------------------------------------ planning and I/O
 
     def _read_slice(self, ids: np.ndarray, out: np.ndarray) -> None:
-        rb, P = self.row_bytes, PAGE_SIZE
         inr = (ids >= self.vocab_start) & (ids < self.vocab_end)
         sel = np.flatnonzero(inr)
         if sel.size != ids.size:
@@ -408,7 +495,18 @@ class SidecarReader:
         if sel.size == 0:
             return
         self._stats["rows_in_range"] += int(sel.size)
-        start = (ids[sel] - self.table.row_start) * rb  # byte offset of each row in the file
+        ridx, start = self._regions.locate(ids[sel])  # byte offset of each row in its file
+        if ridx is None or len(self._files.fds) == 1:
+            self._read_file(0, start, sel, out)
+            return
+        fidx = self._region_file[ridx]
+        for f in np.unique(fidx).tolist():
+            m = fidx == f
+            self._read_file(f, start[m], sel[m], out)
+
+    def _read_file(self, f: int, start: np.ndarray, sel: np.ndarray, out: np.ndarray) -> None:
+        """Rows at byte offsets ``start`` of file ``f`` into ``out[sel]``."""
+        rb, P = self.row_bytes, PAGE_SIZE
         order = np.argsort(start, kind="stable")
         start = start[order]
         dst = sel[order]
@@ -429,14 +527,14 @@ class SidecarReader:
             pa = int(fidx[ra])
             rb_ = min(int(np.searchsorted(fidx, pa + self._wave_pages, side="left")), ra + self._wave_rows)
             pe = int(lidx[rb_ - 1]) + 1  # lidx is non-decreasing; <= pa + wave_pages + spill
-            self._read_pages(pages[pa:pe])
+            self._read_pages(f, pages[pa:pe])
             boff = (fidx[ra:rb_] - pa) * P + in_page[ra:rb_]
             out[dst[ra:rb_]] = self._window[boff]
             self._stats["waves"] += 1
             ra = rb_
 
-    def _read_pages(self, seg: np.ndarray) -> None:
-        """Read the (sorted, unique) pages ``seg`` into the page buffer, page i at i × 4 KiB."""
+    def _read_pages(self, f: int, seg: np.ndarray) -> None:
+        """Read the (sorted, unique) pages ``seg`` of file ``f`` into the page buffer, page i at i × 4 KiB."""
         P, cap = PAGE_SIZE, self.max_read_pages
         n = seg.size
         brk = np.empty(n, dtype=bool)
@@ -446,25 +544,27 @@ class SidecarReader:
         starts = np.flatnonzero(brk | ((np.arange(n) - run_start) % cap == 0))
         lens = np.diff(np.append(starts, n))
         file_off = seg[starts] * P
-        expect = np.minimum(lens * P, self._file_size - file_off)
+        expect = np.minimum(lens * P, self._file_sizes[f] - file_off)
         jobs = (file_off.tolist(), (starts * P).tolist(), (lens * P).tolist(), expect.tolist())
+        fd, path = self._files.fds[f], self._files.paths[f]
         self._stats["reads"] += int(starts.size)
         self._stats["bytes_read"] += int(expect.sum())
 
         nthreads = min(self.workers, -(-starts.size // MIN_READS_PER_THREAD))
         if nthreads <= 1 or self._pool is None:
-            self._read_runs(*jobs)
+            self._read_runs(fd, path, *jobs)
             return
         bounds = np.linspace(0, starts.size, nthreads + 1).astype(int).tolist()
         futures = [
-            self._pool.submit(self._read_runs, *(j[bounds[i]:bounds[i + 1]] for j in jobs)) for i in range(nthreads)
+            self._pool.submit(self._read_runs, fd, path, *(j[bounds[i]:bounds[i + 1]] for j in jobs))
+            for i in range(nthreads)
         ]
         concurrent.futures.wait(futures)  # never leave a thread writing into the buffer
         for f in futures:
             f.result()
 
-    def _read_runs(self, file_offs, buf_offs, lengths, expects) -> None:
-        fd, mv, path = self._fd, self._mv, self.table.file
+    def _read_runs(self, fd, path, file_offs, buf_offs, lengths, expects) -> None:
+        mv = self._mv
         for fo, bo, ln, ex in zip(file_offs, buf_offs, lengths, expects, strict=False):
             got = 0
             try:

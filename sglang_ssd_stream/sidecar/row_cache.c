@@ -19,10 +19,16 @@
  * FIFO with up to 3 second chances, a ghost of rows evicted from the small queue kept as two
  * rotating Bloom filters), RC_CLOCK (second chance, new rows enter unreferenced), RC_LRU.
  *
- * Miss path: unique missing rows, sorted by file offset, read as runs of whole 4 KiB pages into an
- * aligned bounce buffer by up to `workers` threads with pread, on an O_DIRECT descriptor when the
- * caller opened one (the page cache never holds the table), else on a buffered one followed by
- * POSIX_FADV_DONTNEED of the pages read ("drop the page after copying").
+ * Miss path: unique missing rows, sorted by id, read as runs of whole 4 KiB pages into an aligned
+ * bounce buffer by up to `workers` threads with pread, on O_DIRECT descriptors when the caller opened
+ * them (the page cache never holds the table), else on buffered ones followed by POSIX_FADV_DONTNEED
+ * of the pages read ("drop the page after copying").
+ *
+ * Where rows lie: the table is `nregions` regions, region r holding rows [rstart[r], rstart[r + 1])
+ * row-major from byte roff[r] of file rfile[r] (a copied table: one region, its own file at byte 0; an
+ * in-place table: the checkpoint shards' tensors). The caller's manifest gives them; this file only
+ * looks them up (region_of, row_offset). Rows sorted by id run through one region after another, and
+ * within a region in file order, so a run of pages never crosses a region.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,7 +44,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define RC_ABI 2
+#define RC_ABI 3
 #define RC_PAGE 4096
 #define RC_NIL (-1)
 #define RC_MAX_WORKERS 256
@@ -64,8 +70,14 @@ enum {
 
 typedef struct rc_cache {
     int64_t capacity, row_bytes;
-    int64_t vocab_start, vocab_end, row_start, total_rows, table_bytes;
-    int32_t fd, direct, workers, policy, debug_hash, debug_delay_us;
+    int64_t vocab_start, vocab_end, total_rows;
+    int32_t nregions, nfiles; /* nfiles 0: a simulation (no file, no read) */
+    int64_t *rstart, *roff;   /* nregions + 1 row starts (the last: the table's end), byte of each region's first row */
+    int32_t *rfile;           /* each region's file */
+    int32_t *ffd;             /* each file's descriptor (the caller's) */
+    int64_t *fbytes;          /* each file's size: a shorter one is refused, reads stop at its end */
+    struct stat *fbase;       /* each file's identity when the cache was made: any writer changes it */
+    int32_t direct, workers, policy, debug_hash, debug_delay_us;
     int64_t wave_pages, max_read_pages;
     uint8_t *rows; /* the caller's; NULL in simulation */
     uint32_t *keys; /* this rank's row (id - vocab_start): every id of the range fits, so this is the full id */
@@ -88,7 +100,6 @@ typedef struct rc_cache {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int32_t closed, failed, inflight;
-    struct stat base; /* the table's identity when the cache was made: any writer changes it */
     char error[512];
     int64_t stats[ST_N];
 } rc_cache_t;
@@ -217,6 +228,21 @@ static inline void set_freq(rc_cache_t *c, int32_t s, int f) {
 }
 /* The slot of this rank's row `id` (the caller has checked vocab_start <= id < vocab_end). */
 static inline uint32_t local_key(const rc_cache_t *c, int64_t id) { return (uint32_t)(id - c->vocab_start); }
+
+/* The region holding row id (the last whose first row is <= id). */
+static inline int32_t region_of(const rc_cache_t *c, int64_t id) {
+    int32_t lo = 0, hi = c->nregions - 1;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo + 1) / 2;
+        if (c->rstart[mid] <= id) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static inline int64_t row_offset(const rc_cache_t *c, int32_t r, int64_t id) {
+    return c->roff[r] + (id - c->rstart[r]) * c->row_bytes;
+}
 
 static void policy_insert(rc_cache_t *c, int32_t s, uint32_t key) {
     set_freq(c, s, 0);
@@ -350,9 +376,11 @@ typedef struct {
     const int64_t *page; /* first page of each run */
     const int64_t *len;  /* pages in each run */
     const int64_t *at;   /* page index in the bounce buffer */
+    const int32_t *file; /* the file of each run */
     uint8_t *bounce;
     int64_t a, b;
     int err;
+    int32_t err_file;
     int64_t err_off, err_got, err_want;
 } rc_job_t;
 
@@ -361,16 +389,18 @@ static void *read_runs(void *arg) {
     const rc_cache_t *c = j->c;
     if (c->debug_delay_us) usleep((useconds_t)c->debug_delay_us); /* tests: a slow disk, deterministic races */
     for (int64_t r = j->a; r < j->b && !j->err; r++) {
-        const int64_t off = j->page[r] * RC_PAGE, want_full = j->len[r] * RC_PAGE;
-        const int64_t want = off + want_full <= c->table_bytes ? want_full : c->table_bytes - off;
+        const int32_t f = j->file[r];
+        const int64_t off = j->page[r] * RC_PAGE, want_full = j->len[r] * RC_PAGE, size = c->fbytes[f];
+        const int64_t want = off + want_full <= size ? want_full : size - off;
         uint8_t *dst = j->bounce + j->at[r] * RC_PAGE;
         int64_t got = 0;
         while (got < want) {
             /* O_DIRECT: whole pages at page offsets into a page-aligned buffer (the tail page too) */
-            const ssize_t k = pread(c->fd, dst + got, (size_t)(want_full - got), (off_t)(off + got));
+            const ssize_t k = pread(c->ffd[f], dst + got, (size_t)(want_full - got), (off_t)(off + got));
             if (k < 0 && errno == EINTR) continue;
             if (k <= 0) {
                 j->err = k < 0 ? errno : -1;
+                j->err_file = f;
                 j->err_off = off;
                 j->err_got = got;
                 j->err_want = want;
@@ -383,8 +413,8 @@ static void *read_runs(void *arg) {
 }
 
 /* Read runs [0, nruns) into the bounce buffer with up to `workers` threads; 0 or fatal error. */
-static int read_wave(rc_cache_t *c, const int64_t *page, const int64_t *len, const int64_t *at, int64_t nruns,
-                     uint8_t *bounce) {
+static int read_wave(rc_cache_t *c, const int64_t *page, const int64_t *len, const int64_t *at, const int32_t *file,
+                     int64_t nruns, uint8_t *bounce) {
     int64_t parts = c->workers < RC_MAX_WORKERS ? c->workers : RC_MAX_WORKERS;
     if (parts > (nruns + 3) / 4) parts = (nruns + 3) / 4; /* a thread gets at least 4 reads */
     if (parts < 1) parts = 1;
@@ -394,7 +424,7 @@ static int read_wave(rc_cache_t *c, const int64_t *page, const int64_t *len, con
     const int64_t per = (nruns + parts - 1) / parts;
     int64_t k = 0;
     for (int64_t a = 0; a < nruns; a += per, k++) {
-        jobs[k] = (rc_job_t){c, page, len, at, bounce, a, a + per < nruns ? a + per : nruns, 0, 0, 0, 0};
+        jobs[k] = (rc_job_t){c, page, len, at, file, bounce, a, a + per < nruns ? a + per : nruns, 0, 0, 0, 0, 0};
         started[k] = 0;
     }
     for (int64_t i = 0; i + 1 < k; i++) started[i] = pthread_create(&threads[i], NULL, read_runs, &jobs[i]) == 0;
@@ -406,17 +436,17 @@ static int read_wave(rc_cache_t *c, const int64_t *page, const int64_t *len, con
     for (int64_t i = 0; i < k; i++) {
         if (!jobs[i].err) continue;
         if (jobs[i].err > 0)
-            set_error(c, 1, "SidecarIOError: I/O error reading the PLE table at byte %lld: %s",
-                      (long long)jobs[i].err_off, strerror(jobs[i].err));
+            set_error(c, 1, "SidecarIOError: I/O error reading the PLE table (file %d) at byte %lld: %s",
+                      jobs[i].err_file, (long long)jobs[i].err_off, strerror(jobs[i].err));
         else
-            set_error(c, 1, "SidecarTruncated: short read of the PLE table: %lld of %lld bytes at byte %lld "
-                            "(was it truncated or replaced?)",
+            set_error(c, 1, "SidecarTruncated: short read of the PLE table (file %d): %lld of %lld bytes at byte %lld "
+                            "(was it truncated or replaced?)", jobs[i].err_file,
                       (long long)jobs[i].err_got, (long long)jobs[i].err_want, (long long)jobs[i].err_off);
         return -1;
     }
     if (!c->direct) /* buffered reads: drop the pages we just copied from */
         for (int64_t r = 0; r < nruns; r++)
-            posix_fadvise(c->fd, (off_t)(page[r] * RC_PAGE), (off_t)(len[r] * RC_PAGE), POSIX_FADV_DONTNEED);
+            posix_fadvise(c->ffd[file[r]], (off_t)(page[r] * RC_PAGE), (off_t)(len[r] * RC_PAGE), POSIX_FADV_DONTNEED);
     return 0;
 }
 
@@ -428,27 +458,29 @@ static int by_id(const void *a, const void *b) {
     return x < y ? -1 : x > y ? 1 : (i > j) - (i < j);
 }
 
-/* Before and after every lookup that reads: a table written in place (cp over it, truncate and regrow)
-   changes its mtime, so no row read across such a write is served (reader.table_identity says why
-   ctime is not compared). */
+/* Before and after every lookup that reads: a table file written in place (cp over it, truncate and regrow)
+   changes its mtime, so no row read across such a write is served (reader.file_identity says why ctime is
+   not compared). Every file of the table, each time. */
 static int stat_file(rc_cache_t *c) {
-    struct stat sb;
-    if (c->fd < 0) return 0; /* simulation */
-    if (fstat(c->fd, &sb) != 0) {
-        set_error(c, 1, "SidecarIOError: cannot stat the PLE table: %s", strerror(errno));
-        return -1;
-    }
-    if ((int64_t)sb.st_size < c->table_bytes) {
-        set_error(c, 1, "SidecarTruncated: the PLE table is truncated: it has %lld bytes, expected %lld "
-                        "(was it rewritten while the server runs?)",
-                  (long long)sb.st_size, (long long)c->table_bytes);
-        return -1;
-    }
-    if (sb.st_dev != c->base.st_dev || sb.st_ino != c->base.st_ino || sb.st_size != c->base.st_size ||
-        sb.st_mtim.tv_sec != c->base.st_mtim.tv_sec || sb.st_mtim.tv_nsec != c->base.st_mtim.tv_nsec) {
-        set_error(c, 1, "SidecarChanged: the PLE table was written while it is served (its size or mtime changed "
-                        "since it was opened); none of its rows is served any more");
-        return -1;
+    for (int32_t f = 0; f < c->nfiles; f++) { /* none in a simulation */
+        struct stat sb;
+        const struct stat *base = &c->fbase[f];
+        if (fstat(c->ffd[f], &sb) != 0) {
+            set_error(c, 1, "SidecarIOError: cannot stat the PLE table (file %d): %s", f, strerror(errno));
+            return -1;
+        }
+        if ((int64_t)sb.st_size < c->fbytes[f]) {
+            set_error(c, 1, "SidecarTruncated: the PLE table (file %d) is truncated: it has %lld bytes, expected %lld "
+                            "(was it rewritten while the server runs?)",
+                      f, (long long)sb.st_size, (long long)c->fbytes[f]);
+            return -1;
+        }
+        if (sb.st_dev != base->st_dev || sb.st_ino != base->st_ino || sb.st_size != base->st_size ||
+            sb.st_mtim.tv_sec != base->st_mtim.tv_sec || sb.st_mtim.tv_nsec != base->st_mtim.tv_nsec) {
+            set_error(c, 1, "SidecarChanged: the PLE table (file %d) was written while it is served (its size or mtime "
+                            "changed since it was opened); none of its rows is served any more", f);
+            return -1;
+        }
     }
     return 0;
 }
@@ -527,7 +559,8 @@ static int64_t round_(rc_cache_t *c, const int64_t *ids, uint8_t *out, int flags
     const int64_t rb = c->row_bytes;
     const int prefetch = flags & RC_F_PREFETCH, nodata = flags & RC_F_NODATA;
     int64_t nmiss = 0, nwait = 0, nu = 0, ret = 0;
-    int64_t *ufirst = NULL, *uend = NULL, *uslot = NULL, *upage = NULL, *ulen = NULL, *uat = NULL;
+    int64_t *ufirst = NULL, *uend = NULL, *uslot = NULL, *upage = NULL, *ulen = NULL, *uat = NULL, *usrc = NULL;
+    int32_t *ufile = NULL;
     uint8_t *bounce = NULL;
 
     int64_t parts = c->workers < RC_PAR_MAX ? c->workers : RC_PAR_MAX;
@@ -556,13 +589,14 @@ static int64_t round_(rc_cache_t *c, const int64_t *ids, uint8_t *out, int flags
     free(slot);
 
     if (nmiss) {
-        /* unique rows in file order; each row's positions are adjacent in `miss` */
+        /* unique rows by id (region by region, file order in each); each row's positions are adjacent in `miss` */
         t_sort_ids = ids;
         qsort(miss, (size_t)nmiss, sizeof *miss, by_id);
         ufirst = malloc((size_t)nmiss * sizeof *ufirst);
         uend = malloc((size_t)nmiss * sizeof *uend);
         uslot = malloc((size_t)nmiss * sizeof *uslot);
-        if (!ufirst || !uend || !uslot) {
+        usrc = malloc((size_t)nmiss * sizeof *usrc);
+        if (!ufirst || !uend || !uslot || !usrc) {
             set_error(c, 0, "out of memory planning %lld row reads", (long long)nmiss);
             ret = -1;
             goto done;
@@ -594,45 +628,53 @@ static int64_t round_(rc_cache_t *c, const int64_t *ids, uint8_t *out, int flags
         upage = malloc((size_t)wave * sizeof *upage);
         ulen = malloc((size_t)wave * sizeof *ulen);
         uat = malloc((size_t)wave * sizeof *uat);
+        ufile = malloc((size_t)wave * sizeof *ufile);
         if (!nodata && posix_memalign((void **)&bounce, RC_PAGE, (size_t)wave * RC_PAGE)) bounce = NULL;
-        if (!upage || !ulen || !uat || (!nodata && !bounce)) {
+        if (!upage || !ulen || !uat || !ufile || (!nodata && !bounce)) {
             set_error(c, 0, "out of memory for the row-read buffer (%lld pages)", (long long)wave);
             ret = -1;
             goto release;
         }
         for (int64_t u0 = 0, u1; u0 < nu; u0 = u1) {
-            /* a wave: whole rows whose pages fit the bounce buffer; pages deduplicated, runs coalesced */
+            /* a wave: whole rows whose pages fit the bounce buffer; pages deduplicated within a region (its rows
+             * come in file order), runs coalesced within a file; each row's first byte in the bounce buffer noted */
             int64_t npages = 0, nruns = 0, last = -1;
+            int32_t last_region = -1;
             for (u1 = u0; u1 < nu; u1++) {
-                const int64_t off = (ids[miss[ufirst[u1]]] - c->row_start) * rb;
+                const int64_t id = ids[miss[ufirst[u1]]];
+                /* a simulation has no regions: its rows lie as one table's from byte 0 */
+                const int32_t reg = c->nfiles ? region_of(c, id) : 0, f = c->nfiles ? c->rfile[reg] : 0;
+                const int64_t off = c->nfiles ? row_offset(c, reg, id) : id * rb;
+                if (reg != last_region) last = -1; /* another region: its pages may lie anywhere in its file */
                 const int64_t p0 = off / RC_PAGE, p1 = (off + rb - 1) / RC_PAGE, from = p0 > last ? p0 : last + 1;
                 if (npages + (p1 >= from ? p1 - from + 1 : 0) > wave) break;
+                usrc[u1] = (from == p0 ? npages : npages - 1) * RC_PAGE + (off - p0 * RC_PAGE);
                 for (int64_t p = from; p <= p1; p++) {
-                    if (nruns && p == upage[nruns - 1] + ulen[nruns - 1] && ulen[nruns - 1] < c->max_read_pages) {
+                    if (nruns && ufile[nruns - 1] == f && p == upage[nruns - 1] + ulen[nruns - 1] &&
+                        ulen[nruns - 1] < c->max_read_pages) {
                         ulen[nruns - 1]++;
                     } else {
                         upage[nruns] = p;
                         ulen[nruns] = 1;
                         uat[nruns] = npages;
+                        ufile[nruns] = f;
                         nruns++;
                     }
                     npages++;
                     last = p;
                 }
+                last_region = reg;
             }
             if (!nodata) {
-                if (read_wave(c, upage, ulen, uat, nruns, bounce) != 0) {
+                if (read_wave(c, upage, ulen, uat, ufile, nruns, bounce) != 0) {
                     ret = -1;
                     goto release;
                 }
                 /* scatter: bounce -> slot (FILLING: nobody reads or evicts it) and -> every position.
-                 * Pages sit in the bounce buffer in file order, so a row spilling into the next run's
-                 * page finds it right after its first page. */
-                int64_t r = 0;
+                 * A row's pages were placed one after another in the bounce buffer, so a row spilling
+                 * into the next page finds it right after its first. */
                 for (int64_t u = u0; u < u1; u++) {
-                    const int64_t off = (ids[miss[ufirst[u]]] - c->row_start) * rb, p0 = off / RC_PAGE;
-                    while (upage[r] + ulen[r] <= p0) r++;
-                    const uint8_t *src = bounce + (uat[r] + (p0 - upage[r])) * RC_PAGE + (off - p0 * RC_PAGE);
+                    const uint8_t *src = bounce + usrc[u];
                     if (uslot[u] != RC_NIL) memcpy(c->rows + uslot[u] * rb, src, (size_t)rb);
                     for (int64_t k = ufirst[u]; k < uend[u] && !prefetch; k++)
                         memcpy(out + miss[k] * rb, src, (size_t)rb);
@@ -669,9 +711,11 @@ done:
     free(ufirst);
     free(uend);
     free(uslot);
+    free(usrc);
     free(upage);
     free(ulen);
     free(uat);
+    free(ufile);
     free(bounce);
     if (ret < 0) return -1;
 
@@ -807,21 +851,28 @@ void rc_free(rc_cache_t *c);
 
 /* Mirrored by row_cache.py (_Config); rc_config_layout lets it check the layout before the first call. */
 typedef struct {
-    int64_t capacity, row_bytes, row_start, vocab_start, vocab_end, total_rows, table_bytes, wave_pages,
-        max_read_pages;
+    int64_t capacity, row_bytes, vocab_start, vocab_end, total_rows, wave_pages, max_read_pages;
     uint64_t seed;
     double s3_small_fraction, s3_ghost_fraction;
-    int32_t policy, fd, direct, workers, debug_hash, s3_threshold, s3_keep_freq, debug_delay_us;
+    const int64_t *region_row_start; /* nregions + 1: region r holds rows [start[r], start[r + 1]) */
+    const int64_t *region_offset;    /* the byte of each region's first row in its file */
+    const int32_t *region_file;      /* each region's file (an index into file_fd and file_bytes) */
+    const int32_t *file_fd;          /* the caller's descriptors, open while the cache is */
+    const int64_t *file_bytes;       /* each file's size */
+    int32_t nregions, nfiles;        /* nfiles 0: a simulation (no region, no read) */
+    int32_t policy, direct, workers, debug_hash, s3_threshold, s3_keep_freq, debug_delay_us;
 } rc_config_t;
 
 int rc_config_layout(size_t *out, int cap) {
     const size_t v[] = {sizeof(rc_config_t), offsetof(rc_config_t, capacity), offsetof(rc_config_t, row_bytes),
-                        offsetof(rc_config_t, row_start), offsetof(rc_config_t, vocab_start),
-                        offsetof(rc_config_t, vocab_end), offsetof(rc_config_t, total_rows),
-                        offsetof(rc_config_t, table_bytes), offsetof(rc_config_t, wave_pages),
+                        offsetof(rc_config_t, vocab_start), offsetof(rc_config_t, vocab_end),
+                        offsetof(rc_config_t, total_rows), offsetof(rc_config_t, wave_pages),
                         offsetof(rc_config_t, max_read_pages), offsetof(rc_config_t, seed),
                         offsetof(rc_config_t, s3_small_fraction), offsetof(rc_config_t, s3_ghost_fraction),
-                        offsetof(rc_config_t, policy), offsetof(rc_config_t, fd), offsetof(rc_config_t, direct),
+                        offsetof(rc_config_t, region_row_start), offsetof(rc_config_t, region_offset),
+                        offsetof(rc_config_t, region_file), offsetof(rc_config_t, file_fd),
+                        offsetof(rc_config_t, file_bytes), offsetof(rc_config_t, nregions),
+                        offsetof(rc_config_t, nfiles), offsetof(rc_config_t, policy), offsetof(rc_config_t, direct),
                         offsetof(rc_config_t, workers), offsetof(rc_config_t, debug_hash),
                         offsetof(rc_config_t, s3_threshold), offsetof(rc_config_t, s3_keep_freq),
                         offsetof(rc_config_t, debug_delay_us)};
@@ -830,36 +881,74 @@ int rc_config_layout(size_t *out, int cap) {
     return n;
 }
 
+/* Why the regions cannot hold this rank's rows [vocab_start, vocab_end), or NULL: they must run on without gap or
+ * overlap from a row at or below vocab_start to one at or above vocab_end, each inside its file. */
+static const char *bad_regions(const rc_config_t *cfg) {
+    if (cfg->nfiles == 0) return cfg->nregions == 0 ? NULL : "regions without files";
+    if (cfg->nregions < 1 || !cfg->region_row_start || !cfg->region_offset || !cfg->region_file || !cfg->file_fd ||
+        !cfg->file_bytes)
+        return "no regions";
+    const int64_t *start = cfg->region_row_start;
+    if (start[0] > cfg->vocab_start || start[cfg->nregions] < cfg->vocab_end) return "regions miss rows of the rank";
+    for (int32_t r = 0; r < cfg->nregions; r++) {
+        const int32_t f = cfg->region_file[r];
+        if (start[r + 1] <= start[r]) return "regions out of row order";
+        if (f < 0 || f >= cfg->nfiles) return "a region names no file";
+        if (cfg->region_offset[r] < 0 ||
+            cfg->region_offset[r] + (start[r + 1] - start[r]) * cfg->row_bytes > cfg->file_bytes[f])
+            return "a region ends past its file";
+    }
+    return NULL;
+}
+
 rc_cache_t *rc_create(uint8_t *rows, const rc_config_t *cfg, char *err, int64_t errlen) {
-    const int64_t capacity = cfg->capacity, row_bytes = cfg->row_bytes, row_start = cfg->row_start,
-                  vocab_start = cfg->vocab_start, vocab_end = cfg->vocab_end, total_rows = cfg->total_rows,
-                  table_bytes = cfg->table_bytes, wave_pages = cfg->wave_pages, max_read_pages = cfg->max_read_pages;
-    const int32_t policy = cfg->policy, fd = cfg->fd, direct = cfg->direct, workers = cfg->workers,
-                  debug_hash = cfg->debug_hash, s3_threshold = cfg->s3_threshold, s3_keep_freq = cfg->s3_keep_freq,
-                  debug_delay_us = cfg->debug_delay_us;
+    const int64_t capacity = cfg->capacity, row_bytes = cfg->row_bytes, vocab_start = cfg->vocab_start,
+                  vocab_end = cfg->vocab_end, total_rows = cfg->total_rows, wave_pages = cfg->wave_pages,
+                  max_read_pages = cfg->max_read_pages;
+    const int32_t policy = cfg->policy, direct = cfg->direct, workers = cfg->workers, debug_hash = cfg->debug_hash,
+                  s3_threshold = cfg->s3_threshold, s3_keep_freq = cfg->s3_keep_freq,
+                  debug_delay_us = cfg->debug_delay_us, nregions = cfg->nregions, nfiles = cfg->nfiles;
     const uint64_t seed = cfg->seed;
     const double s3_small_fraction = cfg->s3_small_fraction, s3_ghost_fraction = cfg->s3_ghost_fraction;
+    const char *why = NULL;
     if (capacity < 1 || capacity > INT32_MAX / 2 || row_bytes < 1 || policy < 0 || policy > 2 || workers < 1 ||
-        wave_pages < 1 || max_read_pages < 1 || vocab_start < row_start || vocab_end <= vocab_start ||
-        total_rows < vocab_end || (vocab_end - row_start) * row_bytes > table_bytes ||
-        vocab_end - vocab_start > (int64_t)UINT32_MAX) {
+        wave_pages < 1 || max_read_pages < 1 || vocab_end <= vocab_start || vocab_start < 0 ||
+        total_rows < vocab_end || vocab_end - vocab_start > (int64_t)UINT32_MAX || nregions < 0 || nfiles < 0 ||
+        (why = bad_regions(cfg)) != NULL) {
         snprintf(err, (size_t)errlen, "invalid row cache geometry (capacity %lld, row_bytes %lld, policy %d, "
-                 "rows [%lld, %lld) of %lld (at most 2^32 - 1 per rank), table %lld bytes)", (long long)capacity, (long long)row_bytes, policy,
-                 (long long)vocab_start, (long long)vocab_end, (long long)total_rows, (long long)table_bytes);
+                 "rows [%lld, %lld) of %lld (at most 2^32 - 1 per rank), %d region(s) in %d file(s)%s%s)",
+                 (long long)capacity, (long long)row_bytes, policy, (long long)vocab_start, (long long)vocab_end,
+                 (long long)total_rows, nregions, nfiles, why ? ": " : "", why ? why : "");
         return NULL;
     }
     rc_cache_t *c = calloc(1, sizeof *c);
     if (!c) goto oom;
     *c = (rc_cache_t){.capacity = capacity, .row_bytes = row_bytes, .vocab_start = vocab_start, .vocab_end = vocab_end,
-                      .row_start = row_start, .total_rows = total_rows, .table_bytes = table_bytes, .fd = fd,
+                      .total_rows = total_rows, .nregions = nregions, .nfiles = nfiles,
                       .direct = direct, .workers = workers, .policy = policy, .debug_hash = debug_hash,
                       .wave_pages = wave_pages, .max_read_pages = max_read_pages, .rows = rows,
                       .index_cap = capacity + capacity / 2 + 1, .seed = seed, .free_head = RC_NIL, .s3_threshold = s3_threshold,
                       .s3_keep_freq = s3_keep_freq, .debug_delay_us = debug_delay_us};
-    if (fd >= 0 && fstat(fd, &c->base) != 0) {
-        snprintf(err, (size_t)errlen, "SidecarIOError: cannot stat the PLE table: %s", strerror(errno));
-        free(c);
-        return NULL;
+    if (nfiles) { /* the regions and files are copied: the caller's arrays may go */
+        c->rstart = malloc((size_t)(nregions + 1) * sizeof *c->rstart);
+        c->roff = malloc((size_t)nregions * sizeof *c->roff);
+        c->rfile = malloc((size_t)nregions * sizeof *c->rfile);
+        c->ffd = malloc((size_t)nfiles * sizeof *c->ffd);
+        c->fbytes = malloc((size_t)nfiles * sizeof *c->fbytes);
+        c->fbase = calloc((size_t)nfiles, sizeof *c->fbase);
+        if (!c->rstart || !c->roff || !c->rfile || !c->ffd || !c->fbytes || !c->fbase) goto oom;
+        memcpy(c->rstart, cfg->region_row_start, (size_t)(nregions + 1) * sizeof *c->rstart);
+        memcpy(c->roff, cfg->region_offset, (size_t)nregions * sizeof *c->roff);
+        memcpy(c->rfile, cfg->region_file, (size_t)nregions * sizeof *c->rfile);
+        memcpy(c->ffd, cfg->file_fd, (size_t)nfiles * sizeof *c->ffd);
+        memcpy(c->fbytes, cfg->file_bytes, (size_t)nfiles * sizeof *c->fbytes);
+        for (int32_t f = 0; f < nfiles; f++)
+            if (fstat(c->ffd[f], &c->fbase[f]) != 0) {
+                snprintf(err, (size_t)errlen, "SidecarIOError: cannot stat the PLE table (file %d): %s", f,
+                         strerror(errno));
+                rc_free(c);
+                return NULL;
+            }
     }
     c->head[0] = c->head[1] = c->tail[0] = c->tail[1] = RC_NIL;
     c->s_target = (int64_t)(s3_small_fraction * (double)capacity);
@@ -890,10 +979,7 @@ rc_cache_t *rc_create(uint8_t *rows, const rc_config_t *cfg, char *err, int64_t 
 oom:
     snprintf(err, (size_t)errlen, "out of memory for the row cache metadata (%lld bytes)",
              (long long)rc_metadata_bytes(capacity, policy, s3_ghost_fraction));
-    if (c) {
-        c->fd = -1;
-        rc_free(c);
-    }
+    if (c) rc_free(c);
     return NULL;
 }
 
@@ -915,6 +1001,12 @@ void rc_free(rc_cache_t *c) {
     free(c->index);
     free(c->ghost[0]);
     free(c->ghost[1]);
+    free(c->rstart);
+    free(c->roff);
+    free(c->rfile);
+    free(c->ffd);
+    free(c->fbytes);
+    free(c->fbase);
     free(c);
 }
 

@@ -28,6 +28,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import secrets
 import threading
 import weakref
@@ -46,13 +47,13 @@ from .errors import (
     SidecarTruncated,
 )
 from .native import NativeBuildError, build_library
-from .reader import PLAN_BYTES_PER_ROW, check_bounds, check_ids, check_out, open_table
+from .reader import PLAN_BYTES_PER_ROW, TableFiles, check_bounds, check_ids, check_out, file_sizes, refuse_in_place
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("row_cache.c")
 LIB_NAME = "libssd_row_cache.so"
-ABI = 2  # RC_ABI in row_cache.c
+ABI = 3  # RC_ABI in row_cache.c
 EXIT_CODE = 70  # RC_EXIT_CODE in row_cache.c
 POLICIES = {"lru": 0, "clock": 1, "s3fifo": 2}
 DEFAULT_POLICY = "s3fifo"
@@ -91,12 +92,27 @@ class _HostRead(ctypes.Structure):
 class _Config(ctypes.Structure):
     """``rc_config_t`` of row_cache.c (``rc_config_layout`` checks the layout): what ``rc_create`` is told."""
 
-    _fields_ = [*((n, ctypes.c_int64) for n in ("capacity", "row_bytes", "row_start", "vocab_start", "vocab_end",
-                                                "total_rows", "table_bytes", "wave_pages", "max_read_pages")),
+    _fields_ = [*((n, ctypes.c_int64) for n in ("capacity", "row_bytes", "vocab_start", "vocab_end", "total_rows",
+                                                "wave_pages", "max_read_pages")),
                 ("seed", ctypes.c_uint64), ("s3_small_fraction", ctypes.c_double),
                 ("s3_ghost_fraction", ctypes.c_double),
-                *((n, ctypes.c_int32) for n in ("policy", "fd", "direct", "workers", "debug_hash", "s3_threshold",
-                                                "s3_keep_freq", "debug_delay_us"))]
+                *((n, ctypes.c_void_p) for n in ("region_row_start", "region_offset", "region_file", "file_fd",
+                                                 "file_bytes")),
+                *((n, ctypes.c_int32) for n in ("nregions", "nfiles", "policy", "direct", "workers", "debug_hash",
+                                                "s3_threshold", "s3_keep_freq", "debug_delay_us"))]
+
+
+def _regions(table, files) -> tuple[dict, list]:
+    """The table's regions and files as ``rc_config_t`` fields, and the arrays that must live until ``rc_create``
+    has copied them: each region's first row (and the table's end), byte, file, and each file's descriptor and
+    size, as the manifest gives them."""
+    sizes = file_sizes(table)
+    arrays = [np.array([r.row_start for r in table.regions] + [table.row_end], np.int64),
+              np.array([r.offset for r in table.regions], np.int64), np.array(files.file_of, np.int32),
+              np.array(files.fds, np.int32), np.array([sizes[p] for p in files.paths], np.int64)]
+    names = ("region_row_start", "region_offset", "region_file", "file_fd", "file_bytes")
+    return ({**{n: a.ctypes.data for n, a in zip(names, arrays, strict=True)}, "nregions": len(table.regions),
+             "nfiles": len(files.fds)}, arrays)
 
 
 _lib: ctypes.CDLL | None = None
@@ -281,43 +297,40 @@ class RowCache:
         self._lib = lib = load()
         path = str(self.table.file)
         self.direct = bool(config.direct)
-        try:
-            fd = open_table(path, os.O_DIRECT if self.direct else 0)
+        try:  # its own descriptors of every file of the table, with their sizes checked (TableFiles)
+            files = TableFiles(self.table, os.O_DIRECT if self.direct else 0)
         except OSError as exc:
             if not (self.direct and exc.errno == errno.EINVAL):
                 raise SidecarIOError(f"cannot open PLE table {path}: {exc.strerror or exc}", path=path) from exc
             log.warning("PLE row cache: %s refuses O_DIRECT; misses are read buffered and their pages dropped", path)
             self.direct = False
             try:
-                fd = open_table(path)
+                files = TableFiles(self.table)
             except OSError as exc2:
                 raise SidecarIOError(f"cannot open PLE table {path}: {exc2.strerror or exc2}", path=path) from exc2
         try:
             if not self.direct:  # buffered: no read-ahead, whose pages the drop after each read would miss
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            size = os.fstat(fd).st_size
-            if size < self.table.bytes:
-                raise SidecarTruncated(f"PLE table {path} is truncated: it has {size} bytes, "
-                                       f"expected {self.table.bytes}",
-                                       path=path, actual=size, expected=self.table.bytes)
+                for fd in files.fds:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             err = ctypes.create_string_buffer(512)
+            regions, keep = _regions(self.table, files)
             cfg = config.c_struct(
-                capacity=self.capacity, row_bytes=rb, row_start=self.table.row_start, vocab_start=self.vocab_start,
-                vocab_end=self.vocab_end, total_rows=self.total_rows, table_bytes=self.table.bytes, fd=fd,
-                direct=self.direct, workers=self.workers)
+                capacity=self.capacity, row_bytes=rb, vocab_start=self.vocab_start, vocab_end=self.vocab_end,
+                total_rows=self.total_rows, direct=self.direct, workers=self.workers, **regions)
             handle = lib.rc_create(rows.ctypes.data, ctypes.byref(cfg), err, len(err))
+            del keep  # copied by rc_create
             if not handle:
                 raise SidecarShapeMismatch(f"PLE row cache for {path}: {_err(err)}", path=path)
         except BaseException:
-            os.close(fd)
+            files.close()
             raise
-        self._fd, self._c = fd, handle
+        self._files, self._c = files, handle
         self._cond = threading.Condition()
         self._inflight = 0
         self._closed = False
         self._failure: str | None = None
         self._host_nodes: list = []
-        self._finalizer = weakref.finalize(self, _release, lib, handle, fd, self._host_nodes)
+        self._finalizer = weakref.finalize(self, _release, lib, handle, files, self._host_nodes)
 
     @classmethod
     def for_budget(cls, reader: object, budget_bytes: int, *, allocate: Callable[[int], object] | None = None,
@@ -375,8 +388,15 @@ class RowCache:
         return not self._closed and self._failure is None
 
     def fileno(self) -> int:
+        """A copied table's descriptor (an in-place table has several: :meth:`file_stats`)."""
         self._check_usable()
-        return self._fd
+        refuse_in_place(self.table, "a row cache's single descriptor")
+        return self._files.fds[0]
+
+    def file_stats(self) -> tuple[os.stat_result, ...]:
+        """``fstat`` of each file of the table, as this cache reads it (the hot file's change check)."""
+        self._check_usable()
+        return tuple(os.fstat(fd) for fd in self._files.fds)
 
     # ------------------------------------------------------------------ lookups
 
@@ -410,7 +430,7 @@ class RowCache:
             self._exit()
         if rc == 0:
             return
-        msg = _err(err)
+        msg = re.sub(r"\(file (\d+)\)", lambda m: str(self._files.paths[int(m.group(1))]), _err(err))  # named
         if rc == _OUT_OF_RANGE:
             raise SidecarRowOutOfRange(msg, path=str(self.table.file))
         if rc == _FATAL:
@@ -533,12 +553,12 @@ class RowCache:
                 f"capacity={self.capacity} rows, direct={self.direct}, working_set={self.working_set_bytes} B)")
 
 
-def _release(lib, handle, fd, host_nodes) -> None:
+def _release(lib, handle, files, host_nodes) -> None:
     lib.rc_close(handle)  # waits for calls in flight (host nodes included)
     if host_nodes:
         return  # a captured graph may still replay: its node finds the cache closed and says so
     lib.rc_free(handle)
-    os.close(fd)
+    files.close()
 
 
 class HostRead:
@@ -610,8 +630,8 @@ class CacheSimulator:
         end = int(total_rows) if vocab_end is None else int(vocab_end)
         cfg = RowCacheConfig(policy=policy, direct=False, workers=1, s3=tuple(_s3), seed=int(seed),
                              debug_hash=int(_debug_hash)).c_struct(
-            capacity=self.capacity, row_bytes=self.row_bytes, row_start=0, vocab_start=int(vocab_start), vocab_end=end,
-            total_rows=int(total_rows), table_bytes=int(total_rows) * self.row_bytes, fd=-1, direct=0, workers=1)
+            capacity=self.capacity, row_bytes=self.row_bytes, vocab_start=int(vocab_start), vocab_end=end,
+            total_rows=int(total_rows), nregions=0, nfiles=0, direct=0, workers=1)
         self._c = lib.rc_create(None, ctypes.byref(cfg), err, len(err))
         if not self._c:
             raise ValueError(_err(err))

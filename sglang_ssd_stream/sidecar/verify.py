@@ -36,7 +36,7 @@ from pathlib import Path
 from ..atomic_file import write_atomic
 from ..paths import data_dir
 from .errors import SidecarChecksumMismatch, SidecarIOError, SidecarTruncated
-from .format import SidecarManifest, SidecarTable, load_manifest
+from .format import SidecarManifest, SidecarTable, TableRegion, load_manifest
 from .reader import open_table
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,9 @@ def may_record(caller: str) -> bool:
 
 @dataclass(frozen=True)
 class TableCheck:
-    """Outcome for one table: ``status`` is ``verified``, ``cached``, ``skipped`` or ``mismatch``."""
+    """Outcome for one table: ``status`` is ``verified``, ``cached``, ``skipped`` or ``mismatch``. For an
+    in-place table ``path``, ``sha256`` and ``actual_sha256`` are those of its first region that differs (the
+    table's when none does), ``detail`` names that region."""
 
     layer: int
     path: str
@@ -73,6 +75,7 @@ class TableCheck:
     actual_sha256: str | None
     bytes: int
     seconds: float
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,10 +165,15 @@ def _write_cache(path: Path, entries: dict, manifest_sha256: str) -> None:
 
 
 def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, progress: bool = True,
-                desc: str | None = None) -> str:
-    """Streaming SHA-256 of a file with a tqdm progress bar (stderr)."""
+                desc: str | None = None, offset: int | None = None) -> str:
+    """Streaming SHA-256 with a tqdm progress bar (stderr): of the whole file (a copied table: bytes past
+    ``expected_bytes`` are hashed too, so a longer file differs), or, given ``offset``, of exactly
+    ``expected_bytes`` from that byte (an in-place region). The builders and the verifier hash with it."""
     from tqdm import tqdm
 
+    region = offset is not None
+    if region and expected_bytes is None:
+        raise ValueError("a region's SHA-256 needs its size (expected_bytes)")
     h = hashlib.sha256()
     buf = bytearray(HASH_CHUNK)
     view = memoryview(buf)
@@ -174,13 +182,15 @@ def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, p
         with os.fdopen(open_table(path), "rb", buffering=0) as f:
             total = expected_bytes if expected_bytes is not None else os.fstat(f.fileno()).st_size
             try:
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                os.posix_fadvise(f.fileno(), offset or 0, total if region else 0, os.POSIX_FADV_SEQUENTIAL)
             except (AttributeError, OSError):
                 pass
+            if region:
+                f.seek(offset)
             with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
                       desc=desc or f"sha256 {Path(path).name}", leave=False) as bar:
-                while True:
-                    n = f.readinto(buf)
+                while not region or done < total:
+                    n = f.readinto(view[:min(HASH_CHUNK, total - done)] if region else buf)
                     if not n:
                         break
                     h.update(view[:n])
@@ -190,7 +200,8 @@ def sha256_file(path: str | os.PathLike, *, expected_bytes: int | None = None, p
         raise SidecarIOError(f"cannot read PLE table {path} for verification: {exc.strerror or exc}",
                              path=str(path)) from exc
     if expected_bytes is not None and done < expected_bytes:
-        raise SidecarTruncated(f"PLE table {path} is truncated: it has {done} bytes, expected {expected_bytes}",
+        where = f" from byte {offset}" if region else ""
+        raise SidecarTruncated(f"PLE table {path} is truncated: it has {done} bytes{where}, expected {expected_bytes}",
                                path=str(path), actual=done, expected=expected_bytes)
     return h.hexdigest()
 
@@ -242,8 +253,9 @@ def verify_sidecar(
     if mismatches and raise_on_mismatch:
         m = mismatches[0]
         more = f" (and {len(mismatches) - 1} more table(s))" if len(mismatches) > 1 else ""
+        where = f" ({m.detail})" if m.detail else ""
         raise SidecarChecksumMismatch(
-            f"PLE table {m.path} (layer {m.layer}) has SHA-256 {m.actual_sha256}, expected {m.sha256}{more}",
+            f"PLE table {m.path} (layer {m.layer}) has SHA-256 {m.actual_sha256}, expected {m.sha256}{where}{more}",
             path=m.path, actual=m.actual_sha256, expected=m.sha256, report=report.to_json(),
         )
     return report
@@ -268,34 +280,59 @@ def _verify_lock(fallback: Path):
         lock.release()
 
 
+def entry_name(table: SidecarTable, region: TableRegion) -> str:
+    """What one cache entry vouches for: a copied table's file (its manifest path), or an in-place region
+    (``path@offset+bytes``: a shard holds many)."""
+    return f"{region.path}@{region.offset}+{region.bytes}" if table.in_place else region.path
+
+
+def _region_detail(table: SidecarTable, region: TableRegion, st: os.stat_result) -> str | None:
+    if not table.in_place:
+        return None
+    since = (f"; the shard was written since the manifest was built (mtime {st.st_mtime_ns} ns, built from "
+             f"{region.file_mtime_ns})" if st.st_mtime_ns != region.file_mtime_ns else "")
+    return f"tensor {region.tensor}: rows [{region.row_start}, {region.row_end}) at byte {region.offset} of " \
+           f"{region.file}{since}"
+
+
 def _check_tables(tables, entries: dict, use_cache: bool, progress: bool):
-    """Each table against the manifest, a trusted matching entry standing for its hash: (results, mismatches,
-    whether ``entries`` changed). ``entries`` is updated in place with the successes and failures."""
+    """Each table (each of its regions) against the manifest, a trusted matching entry standing for its hash:
+    (results, mismatches, whether ``entries`` changed). ``entries`` is updated in place with the successes and
+    failures."""
     results: list[TableCheck] = []
     mismatches: list[TableCheck] = []
     dirty = False
     for t in tables:
-        try:
-            st = os.stat(t.file)
-        except OSError as exc:
-            raise SidecarIOError(f"cannot stat PLE table {t.file}: {exc.strerror or exc}", path=str(t.file)) from exc
-        key = file_key(st)
-        if use_cache and entries.get(t.path) == {**key, "sha256": t.sha256}:
-            results.append(TableCheck(t.layer, t.path, "cached", t.sha256, t.sha256, t.bytes, 0.0))
-            continue
-        t0 = time.monotonic()
-        actual = sha256_file(t.file, expected_bytes=t.bytes, progress=progress, desc=f"verify layer {t.layer}")
+        t0, cached, bad = time.monotonic(), 0, None
+        for r in t.regions:
+            try:
+                st = os.stat(r.file)
+            except OSError as exc:
+                raise SidecarIOError(f"cannot stat PLE table {r.file}: {exc.strerror or exc}",
+                                     path=str(r.file)) from exc
+            key, name = file_key(st), entry_name(t, r)
+            if use_cache and entries.get(name) == {**key, "sha256": r.sha256}:
+                cached += 1
+                continue
+            actual = sha256_file(r.file, expected_bytes=r.bytes, progress=progress, desc=f"verify layer {t.layer}",
+                                 offset=r.offset if t.in_place else None)
+            dirty = True
+            if actual != r.sha256:
+                entries.pop(name, None)
+                bad = bad or (r, actual, _region_detail(t, r, st))
+            else:
+                # Record the stat taken *before* hashing: a write during the pass changes mtime/ctime and
+                # invalidates the entry.
+                entries[name] = {**key, "sha256": r.sha256}
         dt = time.monotonic() - t0
-        if actual != t.sha256:
-            check = TableCheck(t.layer, t.path, "mismatch", t.sha256, actual, t.bytes, dt)
+        if bad is not None:
+            r, actual, detail = bad
+            check = TableCheck(t.layer, r.path, "mismatch", r.sha256, actual, t.bytes, dt, detail)
             mismatches.append(check)
-            entries.pop(t.path, None)
+        elif cached == len(t.regions):
+            check = TableCheck(t.layer, t.path, "cached", t.sha256, t.sha256, t.bytes, 0.0)
         else:
-            # Record the stat taken *before* hashing: a write during the pass changes mtime/ctime and
-            # invalidates the entry.
-            check = TableCheck(t.layer, t.path, "verified", t.sha256, actual, t.bytes, dt)
-            entries[t.path] = {**key, "sha256": t.sha256}
-        dirty = True
+            check = TableCheck(t.layer, t.path, "verified", t.sha256, t.sha256, t.bytes, dt)
         results.append(check)
     return results, mismatches, dirty
 
@@ -334,3 +371,15 @@ def _record(manifest: SidecarManifest, entries: dict, targets) -> str | None:
 def table_file_key(table: SidecarTable) -> dict:
     """The (device, inode, size, mtime_ns, ctime_ns) cache key of a table file (for adapters that log it)."""
     return file_key(os.stat(table.file))
+
+
+def record_built(manifest: SidecarManifest, before: dict[Path, os.stat_result], *,
+                 cache_dir: str | os.PathLike | None = None) -> str | None:
+    """Record what a builder hashed itself, as :data:`BUILD` (no second pass over the bytes): ``before`` maps each
+    table file (resolved, as the manifest has it) to its stat from *before* it was hashed (the builder refuses a
+    file whose stat moved during the pass). Returns the cache file written, or None."""
+    entries = {entry_name(t, r): {**file_key(before[r.file]), "sha256": r.sha256}
+               for t in manifest.tables for r in t.regions}
+    primary, fallback = manifest.root / CACHE_NAME, _fallback_cache_file(manifest, cache_dir)
+    with _verify_lock(fallback):
+        return _record(manifest, entries, (primary, fallback))

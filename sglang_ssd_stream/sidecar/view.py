@@ -92,11 +92,11 @@ def load_sidecar(path: str | os.PathLike, *, extra_roots: Iterable[str | os.Path
     manifest = load_manifest(path, trusted_roots=[*granted, *extra_roots], check_files=check_files)
     if granted:
         prepared = Path(read_marker(root)["prepared"])
-        for t in manifest.tables:
-            want = os.path.realpath(prepared / t.path)
-            if os.path.realpath(t.file) != want:
+        for r in (r for t in manifest.tables for r in t.regions):  # a copied table is one region: its file
+            want = os.path.realpath(prepared / r.path)
+            if os.path.realpath(r.file) != want:
                 raise SidecarPathEscape(
-                    f"{root}: view table {t.path} resolves to {os.path.realpath(t.file)}, not to the prepared "
-                    f"snapshot's {want}; refusing the view", path=str(t.file), actual=os.path.realpath(t.file),
+                    f"{root}: view table {r.path} resolves to {os.path.realpath(r.file)}, not to the prepared "
+                    f"snapshot's {want}; refusing the view", path=str(r.file), actual=os.path.realpath(r.file),
                     expected=want)
     return manifest

@@ -6,7 +6,9 @@
  * garbage collection that ran inside it freed a CUDA tensor, whose destructor called CUDA: the
  * process aborted with "operation not permitted" (benchmarks/sidecar/ple_native_sleep_h200.log).
  * This function does the work in C: check the table, then copy the rows of `ids` into the pinned
- * slot, from this rank's read-only mapping (io=mmap) or with pread (io=pread).
+ * slot, from this rank's read-only mappings (io=mmap) or with pread (io=pread). This rank's rows come
+ * as segments, one per region of the table (a copied table: one; an in-place table: one per shard
+ * tensor), each with its mapping or its file and byte, as the caller's manifest gives them.
  *
  * Contract (the same as the Python readers' read_rows): every id is checked before anything is
  * written; rows of other tensor-parallel ranks are zero; a row of this rank is never returned as
@@ -33,36 +35,41 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SSD_ABI 2
+#define SSD_ABI 3
 #define SSD_EXIT_CODE 70 /* EX_SOFTWARE */
 #define SSD_PROBE_ROWS 64
 #define SSD_MAX_WORKERS 256
 
 enum { SSD_IO_MMAP = 0, SSD_IO_PREAD = 1 };
 
-/* Mirrored field by field by ple/native_read.py (_Read); ssd_read_layout() guards the layout. */
+/* Mirrored field by field by staging/native_read.py (_Read); ssd_read_layout() guards the layout. */
 typedef struct {
-    const uint8_t *rows;  /* io=mmap: the mapping of this rank's rows [vocab_start, vocab_start + local_rows) */
-    int64_t local_rows;
+    const int64_t *seg_start;       /* nsegs + 1 row ids: segment s holds this rank's rows [seg_start[s], seg_start[s + 1]) */
+    const uint8_t *const *seg_rows; /* io=mmap: the mapping of each segment's first row */
+    const int64_t *seg_offset;      /* io=pread: the byte of each segment's first row in its file */
+    const int32_t *seg_file;        /* each segment's file */
+    const int32_t *file_fd;         /* every file of the table (ours: duplicates of the reader's) */
+    const char *const *file_path;   /* each file's name, for the messages */
+    const int64_t *file_bytes;      /* each file's least size: a shorter one is refused before copying */
+    const int64_t *base_ino;        /* each file when its reader opened it: a write in place changes size or mtime */
+    const int64_t *base_size;
+    const int64_t *base_mtime_ns;
+    int32_t nsegs;
+    int32_t nfiles;
     int64_t vocab_start;
-    int64_t row_start;    /* the table file's first row (io=pread: file offset = (id - row_start) * row_bytes) */
+    int64_t vocab_end;
     int64_t total_rows;   /* every id must lie in [0, total_rows) */
     int64_t row_bytes;
-    int64_t table_bytes;  /* the manifest's size: a shorter file is refused before copying */
     const int64_t *ids;   /* pinned: written by the captured D2H copy before this node runs */
     uint8_t *out;         /* pinned staging slot, n x row_bytes */
     int64_t n;
     int64_t inline_rows;  /* rows per inline chunk while warm; 0: always threads */
     double slow_row_s;
-    int32_t fd;
     int32_t workers;
     int32_t closed;       /* set by the owner before the mapping goes away */
     int32_t io;           /* SSD_IO_MMAP or SSD_IO_PREAD */
     int64_t calls;        /* statistics, written only here */
     int64_t threaded_rows;
-    int64_t base_ino;     /* the table when its reader opened it: a write in place changes size or mtime */
-    int64_t base_size;
-    int64_t base_mtime_ns;
     char what[128];       /* what the error message calls this read */
 } ssd_read_t;
 
@@ -95,12 +102,24 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static void pread_row(const ssd_read_t *r, int64_t id, uint8_t *dst) {
+/* The segment holding row id of this rank (the last whose first row is <= id). */
+static int32_t segment_of(const ssd_read_t *r, int64_t id) {
+    int32_t lo = 0, hi = r->nsegs - 1;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo + 1) / 2;
+        if (r->seg_start[mid] <= id) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static void pread_row(const ssd_read_t *r, int32_t s, int64_t id, uint8_t *dst) {
     const int64_t rb = r->row_bytes;
-    const int64_t off = (id - r->row_start) * rb;
+    const int64_t off = r->seg_offset[s] + (id - r->seg_start[s]) * rb;
+    const int fd = r->file_fd[r->seg_file[s]];
     int64_t got = 0;
     while (got < rb) {
-        const ssize_t k = pread(r->fd, dst + got, (size_t)(rb - got), (off_t)(off + got));
+        const ssize_t k = pread(fd, dst + got, (size_t)(rb - got), (off_t)(off + got));
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0)
@@ -116,14 +135,17 @@ static void pread_row(const ssd_read_t *r, int64_t id, uint8_t *dst) {
 static void copy_span(const ssd_read_t *r, int64_t a, int64_t b) {
     const int64_t rb = r->row_bytes;
     for (int64_t i = a; i < b; i++) {
-        const int64_t local = r->ids[i] - r->vocab_start;
+        const int64_t id = r->ids[i];
         uint8_t *dst = r->out + i * rb;
-        if (local < 0 || local >= r->local_rows)
+        if (id < r->vocab_start || id >= r->vocab_end) {
             memset(dst, 0, (size_t)rb); /* another rank's row */
-        else if (r->io == SSD_IO_PREAD)
-            pread_row(r, r->ids[i], dst);
+            continue;
+        }
+        const int32_t s = r->nsegs == 1 ? 0 : segment_of(r, id);
+        if (r->io == SSD_IO_PREAD)
+            pread_row(r, s, id, dst);
         else
-            memcpy(dst, r->rows + local * rb, (size_t)rb);
+            memcpy(dst, r->seg_rows[s] + (id - r->seg_start[s]) * rb, (size_t)rb);
     }
 }
 
@@ -160,19 +182,23 @@ static void copy_threaded(const ssd_read_t *r, int64_t a, int64_t n) {
 }
 
 /* The host function: cuLaunchHostFunc(stream, ssd_read_rows, &read). */
-/* The table is still the file its reader opened (sidecar/reader.table_identity: inode, size, mtime). */
+/* Every file of the table is still the file its reader opened (sidecar/reader.file_identity: inode, size,
+   mtime). */
 static void check_unchanged(const ssd_read_t *r) {
-    struct stat st;
-    if (fstat(r->fd, &st) != 0)
-        die(r, "cannot stat the PLE table: %s", strerror(errno));
-    if ((int64_t)st.st_size < r->table_bytes)
-        die(r, "SidecarTruncated: the PLE table is truncated: it has %lld bytes, expected %lld "
-               "(was it rewritten while the server runs?)",
-            (long long)st.st_size, (long long)r->table_bytes);
-    const int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + (int64_t)st.st_mtim.tv_nsec;
-    if ((int64_t)st.st_ino != r->base_ino || (int64_t)st.st_size != r->base_size || mtime_ns != r->base_mtime_ns)
-        die(r, "SidecarChanged: the PLE table was written while it is served (its size or mtime changed since "
-               "it was opened)");
+    for (int32_t f = 0; f < r->nfiles; f++) {
+        struct stat st;
+        if (fstat(r->file_fd[f], &st) != 0)
+            die(r, "cannot stat the PLE table: %s: %s", strerror(errno), r->file_path[f]);
+        if ((int64_t)st.st_size < r->file_bytes[f])
+            die(r, "SidecarTruncated: the PLE table is truncated: it has %lld bytes, expected %lld "
+                   "(was it rewritten while the server runs?): %s",
+                (long long)st.st_size, (long long)r->file_bytes[f], r->file_path[f]);
+        const int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + (int64_t)st.st_mtim.tv_nsec;
+        if ((int64_t)st.st_ino != r->base_ino[f] || (int64_t)st.st_size != r->base_size[f] ||
+            mtime_ns != r->base_mtime_ns[f])
+            die(r, "SidecarChanged: the PLE table was written while it is served (its size or mtime changed since "
+                   "it was opened): %s", r->file_path[f]);
+    }
 }
 
 void ssd_read_rows(void *arg) {
@@ -214,14 +240,16 @@ int ssd_abi(void) { return SSD_ABI; }
 int ssd_read_layout(size_t *out, int cap) {
     const size_t v[] = {
         sizeof(ssd_read_t),
-        offsetof(ssd_read_t, rows), offsetof(ssd_read_t, local_rows), offsetof(ssd_read_t, vocab_start),
-        offsetof(ssd_read_t, row_start), offsetof(ssd_read_t, total_rows), offsetof(ssd_read_t, row_bytes),
-        offsetof(ssd_read_t, table_bytes), offsetof(ssd_read_t, ids), offsetof(ssd_read_t, out),
-        offsetof(ssd_read_t, n), offsetof(ssd_read_t, inline_rows), offsetof(ssd_read_t, slow_row_s),
-        offsetof(ssd_read_t, fd), offsetof(ssd_read_t, workers), offsetof(ssd_read_t, closed),
-        offsetof(ssd_read_t, io), offsetof(ssd_read_t, calls), offsetof(ssd_read_t, threaded_rows),
+        offsetof(ssd_read_t, seg_start), offsetof(ssd_read_t, seg_rows), offsetof(ssd_read_t, seg_offset),
+        offsetof(ssd_read_t, seg_file), offsetof(ssd_read_t, file_fd), offsetof(ssd_read_t, file_path),
+        offsetof(ssd_read_t, file_bytes),
         offsetof(ssd_read_t, base_ino), offsetof(ssd_read_t, base_size), offsetof(ssd_read_t, base_mtime_ns),
-        offsetof(ssd_read_t, what),
+        offsetof(ssd_read_t, nsegs), offsetof(ssd_read_t, nfiles), offsetof(ssd_read_t, vocab_start),
+        offsetof(ssd_read_t, vocab_end), offsetof(ssd_read_t, total_rows), offsetof(ssd_read_t, row_bytes),
+        offsetof(ssd_read_t, ids), offsetof(ssd_read_t, out), offsetof(ssd_read_t, n),
+        offsetof(ssd_read_t, inline_rows), offsetof(ssd_read_t, slow_row_s), offsetof(ssd_read_t, workers),
+        offsetof(ssd_read_t, closed), offsetof(ssd_read_t, io), offsetof(ssd_read_t, calls),
+        offsetof(ssd_read_t, threaded_rows), offsetof(ssd_read_t, what),
     };
     const int n = (int)(sizeof v / sizeof v[0]);
     for (int i = 0; i < n && i < cap; i++)

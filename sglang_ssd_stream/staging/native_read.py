@@ -34,11 +34,11 @@ import numpy as np
 from ..sidecar import native
 from ..sidecar.mapped import DEFAULT_INLINE_ROWS, SLOW_ROW_S, MappedReader
 from ..sidecar.native import C_COMPILERS, CFLAGS, NativeBuildError, compiler  # noqa: F401 - this module's API
-from ..sidecar.reader import SidecarReader
+from ..sidecar.reader import SidecarReader, file_sizes, rank_segments
 
 SOURCE = Path(__file__).with_name("native_read.c")
 LIB_NAME = "libssd_native_read.so"
-ABI = 2  # SSD_ABI in native_read.c
+ABI = 3  # SSD_ABI in native_read.c
 EXIT_CODE = 70  # SSD_EXIT_CODE in native_read.c (EX_SOFTWARE)
 IO_CODES = {"mmap": 0, "pread": 1}  # SSD_IO_* in native_read.c
 # A page-cache pread costs ~1 us of syscall per row, a disk read tens of us: slower than this per row
@@ -50,14 +50,14 @@ class _Read(ctypes.Structure):
     """``ssd_read_t`` of native_read.c, field by field (``ssd_read_layout`` checks the layout)."""
 
     _fields_ = [
-        ("rows", ctypes.c_void_p), ("local_rows", ctypes.c_int64), ("vocab_start", ctypes.c_int64),
-        ("row_start", ctypes.c_int64), ("total_rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64),
-        ("table_bytes", ctypes.c_int64),
+        *((name, ctypes.c_void_p) for name in ("seg_start", "seg_rows", "seg_offset", "seg_file", "file_fd",
+                                               "file_path", "file_bytes", "base_ino", "base_size", "base_mtime_ns")),
+        ("nsegs", ctypes.c_int32), ("nfiles", ctypes.c_int32),
+        *((name, ctypes.c_int64) for name in ("vocab_start", "vocab_end", "total_rows", "row_bytes")),
         ("ids", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", ctypes.c_int64),
-        ("inline_rows", ctypes.c_int64), ("slow_row_s", ctypes.c_double), ("fd", ctypes.c_int32),
+        ("inline_rows", ctypes.c_int64), ("slow_row_s", ctypes.c_double),
         ("workers", ctypes.c_int32), ("closed", ctypes.c_int32), ("io", ctypes.c_int32),
-        ("calls", ctypes.c_int64), ("threaded_rows", ctypes.c_int64), ("base_ino", ctypes.c_int64),
-        ("base_size", ctypes.c_int64), ("base_mtime_ns", ctypes.c_int64), ("what", ctypes.c_char * 128),
+        ("calls", ctypes.c_int64), ("threaded_rows", ctypes.c_int64), ("what", ctypes.c_char * 128),
     ]
 
 
@@ -121,12 +121,12 @@ class NativeRead:
     def __init__(self, reader: MappedReader | SidecarReader, ids: np.ndarray, out: np.ndarray, *, what: str,
                  slow_row_s: float | None = None, inline_rows: int | None = None):
         if isinstance(reader, MappedReader):
-            io, rows = "mmap", reader.mapped_rows
+            io, views = "mmap", reader.mapped_views
         elif isinstance(reader, SidecarReader):
             if reader.direct:
                 raise ValueError("the native host node reads single rows with pread, which O_DIRECT refuses; "
                                  "open the reader without direct")
-            io, rows = "pread", None
+            io, views = "pread", None
         else:
             raise TypeError(f"the native host node reads a MappedReader or a SidecarReader, "
                             f"not {type(reader).__name__}")
@@ -136,21 +136,37 @@ class NativeRead:
         if out.dtype != np.uint8 or out.shape != (n, reader.row_bytes) or not out.flags.c_contiguous:
             raise ValueError(f"out must be contiguous uint8 [{n}, {reader.row_bytes}], got {out.dtype} {out.shape}")
         self.lib = load()
-        fd = os.dup(reader.fileno())  # ours: closing the reader must not hand the C code a reused number
-        weakref.finalize(self, os.close, fd)
-        self._keep = (ids, out, rows)  # the mapping lives as long as a view of it does
+        files = reader.table_files
+        # ours: closing the reader must not hand the C code a reused number
+        fds = np.array([os.dup(fd) for fd in files.fds], np.int32)
+        weakref.finalize(self, _close_all, fds.tolist())
+        # this rank's rows segment by segment (one per region of the table), as the reader mapped or reads them
+        segs = rank_segments(reader.table, reader.vocab_start, reader.vocab_end)
+        sizes = file_sizes(reader.table)
+        arrays = {
+            "seg_start": np.array([lo for lo, _, _, _ in segs] + [segs[-1][1]], np.int64),
+            "seg_rows": np.array([0 if views is None else v.ctypes.data for v in (views or [None] * len(segs))],
+                                 np.uintp),
+            "seg_offset": np.array([first for _, _, _, first in segs], np.int64),
+            "seg_file": np.array([files.file_of[region] for _, _, region, _ in segs], np.int32),
+            "file_fd": fds,
+            "file_path": (ctypes.c_char_p * len(files.paths))(*(os.fsencode(p) for p in files.paths)),
+            "file_bytes": np.array([sizes[p] for p in files.paths], np.int64),
+            **{name: np.array([ident[k] for ident in files.identities], np.int64)
+               for k, name in ((1, "base_ino"), (2, "base_size"), (3, "base_mtime_ns"))},
+        }
+        self._arrays = arrays  # the struct points into these
+        self._keep = (ids, out, views)  # ... and these; a mapping lives as long as its views do
         self.reader, self.io = reader, io
         if slow_row_s is None:
             slow_row_s = SLOW_ROW_S if io == "mmap" else SLOW_PREAD_ROW_S
         self._struct = _Read(
-            rows=None if rows is None else rows.ctypes.data, local_rows=reader.vocab_end - reader.vocab_start,
-            vocab_start=reader.vocab_start, row_start=reader.table.row_start, total_rows=reader.total_rows,
-            row_bytes=reader.row_bytes, table_bytes=reader.table.bytes, ids=ids.ctypes.data, out=out.ctypes.data,
-            n=n,
+            **{name: ctypes.addressof(a) if isinstance(a, ctypes.Array) else a.ctypes.data
+               for name, a in arrays.items()}, nsegs=len(segs), nfiles=len(files.fds),
+            vocab_start=reader.vocab_start, vocab_end=reader.vocab_end, total_rows=reader.total_rows,
+            row_bytes=reader.row_bytes, ids=ids.ctypes.data, out=out.ctypes.data, n=n,
             inline_rows=inline_rows if inline_rows is not None else getattr(reader, "inline_rows", DEFAULT_INLINE_ROWS),
-            slow_row_s=slow_row_s,
-            fd=fd, workers=reader.workers, closed=0, io=IO_CODES[io],
-            base_ino=reader.identity[1], base_size=reader.identity[2], base_mtime_ns=reader.identity[3],
+            slow_row_s=slow_row_s, workers=reader.workers, closed=0, io=IO_CODES[io],
             what=what.encode()[:127].decode(errors="ignore").encode())
 
     @property
@@ -172,6 +188,11 @@ class NativeRead:
         """Later calls end the process with a message. Memory and descriptor stay valid (a replay
         may be running): they go when this object does, which for a captured node is never."""
         self._struct.closed = 1
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 _kept: list[NativeRead] = []

@@ -224,7 +224,7 @@ def test_a_fault_under_the_mapping_kills_the_process_never_returns_zeros(table, 
         t = load_manifest({str(table.file.parent.parent)!r}).tables[0]
         import sglang_ssd_stream.sidecar.mapped as m
         r = MappedReader(t, max_rows=16, workers=1)
-        m.check_unchanged = lambda *a: None  # the disk fails after the check
+        m.TableFiles.check_unchanged = lambda self: None  # the disk fails after the check
         os.truncate(t.file, 0)
         out = np.zeros((1, t.row_bytes), np.uint8)
         r.read_rows(np.array([t.rows - 1]), out)

@@ -116,9 +116,9 @@ _FAILING = textwrap.dedent("""
         with open(t.file, "r+b") as f:
             f.truncate(4096)
     if case == "shrinks-after-the-size-check":
-        node._struct.table_bytes = 0  # the size checks pass, as if the file shrank right after them
+        node._arrays["file_bytes"][0] = 0  # the size checks pass, as if the file shrank right after them
         st = os.stat(t.file)
-        node._struct.base_size, node._struct.base_mtime_ns = st.st_size, st.st_mtime_ns
+        node._arrays["base_size"][0], node._arrays["base_mtime_ns"][0] = st.st_size, st.st_mtime_ns
     if case == "rewritten":  # `cp other over it`: same inode, same size, other bytes
         import time
         time.sleep(0.05)  # past the filesystem clock tick of the build's own last write
@@ -126,7 +126,7 @@ _FAILING = textwrap.dedent("""
         with open(t.file, "r+b") as f:
             f.write(data)
     if case.startswith("io-error"):
-        node._struct.fd = os.open(t.file, os.O_WRONLY)  # every pread on it fails (EBADF)
+        node._arrays["file_fd"][0] = os.open(t.file, os.O_WRONLY)  # every pread on it fails (EBADF)
     if case == "closed":
         node.close()
     node.run()
@@ -261,7 +261,7 @@ def test_a_library_of_another_layout_is_refused(fresh, monkeypatch, change):
     if change == "smaller-field":
         src = src.replace("char what[128];", "char what[64];")
     else:
-        a, b = "    int32_t fd;\n", "    int32_t workers;\n"
+        a, b = "    int32_t nsegs;\n", "    int32_t nfiles;\n"
         assert a in src and b in src
         src = src.replace(a, "@@A@@").replace(b, a).replace("@@A@@", b)
     other = fresh / "other.c"

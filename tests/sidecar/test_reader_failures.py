@@ -75,7 +75,7 @@ def test_file_shrunk_behind_the_identity_check_is_a_short_read(table, monkeypatc
     out = np.empty((2, table.row_bytes), np.uint8)
     with SidecarReader(table, max_rows=16, workers=1) as r:
         r.read_rows(ids, out)
-        monkeypatch.setattr(reader_mod, "check_unchanged", lambda *a: None)  # shrinks right after the check
+        monkeypatch.setattr(reader_mod.TableFiles, "check_unchanged", lambda self: None)  # shrinks after the check
         os.truncate(table.file, 4096)
         with pytest.raises(SidecarIOError, match="short read from PLE table .* truncated"):
             r.read_rows(ids, out)

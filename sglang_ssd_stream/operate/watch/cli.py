@@ -66,7 +66,7 @@ def _sidecars(model: str | None, engine: str) -> tuple[str, ...]:
 
     try:
         manifest = load_sidecar(model, extra_roots=engine_trusted_roots(engine), check_files=False)
-        return tuple(str(t.file) for t in manifest.tables)
+        return tuple(str(f) for f in dict.fromkeys(f for t in manifest.tables for f in t.files))
     except Exception as exc:  # noqa: BLE001 - watch still runs; the doctor reports the sidecar
         print(f"watch: sidecar not measured: {exc}", file=sys.stderr)
         return ()

@@ -32,10 +32,12 @@ CHILD = textwrap.dedent(r"""
     from sglang_ssd_stream.sidecar.row_cache import RowCache, RowCacheConfig
     from sglang_ssd_stream.staging.gather import SidecarGather
 
-    tmp, rounds = sys.argv[1], int(sys.argv[2])
+    tmp, rounds, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     ROWS, RB = 20_000, 160
     metrics = for_process("sglang", tp_rank=1, pp_rank=0)
     assert metrics is not None
+    if how == "thread":
+        metrics.start(0.05)
     layers = {}
     for layer in (3, 7):
         path = os.path.join(tmp, f"table{layer}.bin")
@@ -64,7 +66,11 @@ CHILD = textwrap.dedent(r"""
     else:
         raise AssertionError("an id outside the table was served")
     cache.prefetch(np.arange(5000, 5100))  # after the last lookup: only a publish carries it
-    metrics.publish()
+    if how == "thread":  # the daemon's publishes alone
+        import time
+        time.sleep(0.5)
+    else:
+        metrics.publish()
     print(json.dumps({"stats": {layer: c.stats for layer, (c, _) in layers.items()}, "in_rank": in_rank}))
 """)
 
@@ -111,11 +117,11 @@ def test_series_are_unique_prefixed_and_labelled():
     assert {s.stat for s in S.ROW_CACHE_SERIES if s.stat} <= set(STAT_NAMES)
 
 
-@pytest.mark.parametrize("rounds", [1, 6])
-def test_series_equal_the_row_caches_stats(tmp_path, rounds):
+@pytest.mark.parametrize(("rounds", "how"), [(1, "call"), (6, "call"), (3, "thread")])
+def test_series_equal_the_row_caches_stats(tmp_path, rounds, how):
     prom = tmp_path / "prom"
     prom.mkdir()
-    got = run_child(CHILD, tmp_path, rounds, env_dir=prom)
+    got = run_child(CHILD, tmp_path, rounds, how, env_dir=prom)
     samples = scrape(prom)
     for layer, st in got["stats"].items():
         lab = {"engine": "sglang", "layer": layer, "tp_rank": 1, "pp_rank": 0}

@@ -187,13 +187,23 @@ class PleMetrics:
         self._stop.set()
 
 
+_process: tuple[int, PleMetrics | None] | None = None  # (pid, this process's metrics): decided once per process
+_process_lock = threading.Lock()
+
+
 def for_process(engine: str, *, tp_rank: int | None, pp_rank: int | None) -> PleMetrics | None:
-    """This process's :class:`PleMetrics`, or None (one log line why) when the engine's metrics cannot carry them."""
-    why = unavailable()
+    """This process's :class:`PleMetrics` (the same one at every call), or None (one log line why, once) when the
+    engine's metrics cannot carry them."""
+    global _process
+    with _process_lock:
+        if _process is not None and _process[0] == os.getpid():
+            return _process[1]
+        why = unavailable()
+        metrics = None if why is not None else PleMetrics(engine, tp_rank=tp_rank, pp_rank=pp_rank)
+        _process = (os.getpid(), metrics)
     if why is not None:
         log.info("PLE metrics (ssd_stream_*) not exported: %s", why)
-        return None
-    metrics = PleMetrics(engine, tp_rank=tp_rank, pp_rank=pp_rank)
-    log.info("PLE metrics (ssd_stream_*) exported through the engine's /metrics (%s=%s)", MULTIPROC_ENV,
-             os.environ[MULTIPROC_ENV])
+    else:
+        log.info("PLE metrics (ssd_stream_*) exported through the engine's /metrics (%s=%s)", MULTIPROC_ENV,
+                 os.environ[MULTIPROC_ENV])
     return metrics

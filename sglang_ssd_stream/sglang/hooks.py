@@ -494,6 +494,7 @@ def around_load_weights(original, self, weights, *args, **kwargs):
     apply_scales(bound, sidecar, stream.scales_seen)
     start_prefetch(self, bound)
     self._ssd_stream_hot = keep_hot(bound, sidecar)
+    self._ssd_stream_metrics = export_metrics(bound, self._ssd_stream_hot)
     log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped, %d of them spot-checked against "
              "the sidecar", len(bound), stream.dropped, stream.checked)
     _ran("load_weights", "layers %s bound to the sidecar, %d PLE shard tensor(s) skipped, %d spot-checked",
@@ -527,21 +528,46 @@ def start_prefetch(model, bound: dict):
     return prefetcher
 
 
+def _ranks() -> tuple[int | None, int | None]:
+    """This scheduler's TP and PP ranks (None: no distributed groups, as in tests)."""
+    try:
+        from sglang.srt.distributed import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank(), get_pipeline_model_parallel_rank()
+    except (AssertionError, ImportError, RuntimeError, AttributeError):
+        return None, None
+
+
 def _process_role() -> str:
     """This scheduler's hot-file role (:func:`..sidecar.hot_rows.process_role`)."""
     import torch
 
     from ..sidecar.hot_rows import process_role
 
-    tp = pp = None
-    try:
-        from sglang.srt.distributed import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
-
-        tp, pp = get_tensor_model_parallel_rank(), get_pipeline_model_parallel_rank()
-    except (AssertionError, ImportError, RuntimeError, AttributeError):  # no distributed groups (tests)
-        pass
+    tp, pp = _ranks()
     gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
     return process_role("sglang", gpu=gpu, tp=tp, pp=pp)
+
+
+def export_metrics(bound: dict, hot):
+    """The kit's ``ssd_stream_*`` series of this scheduler's PLE layers and hot file in sglang's ``/metrics``
+    (:mod:`..ple_metrics`): published when sglang runs prometheus_client in multiprocess mode, which
+    ``--enable-metrics`` turns on (its launcher sets ``PROMETHEUS_MULTIPROC_DIR`` before it starts the
+    schedulers); None otherwise (one log line)."""
+    from ..ple_metrics.publish import for_process
+    from ..sidecar.row_cache import RowCache
+
+    tp, pp = _ranks()
+    metrics = for_process("sglang", tp_rank=tp, pp_rank=pp)
+    if metrics is None:
+        return None
+    for layer, emb in bound.items():
+        gather = emb._ssd_stream
+        metrics.layer(layer, gather.reader if isinstance(gather.reader, RowCache) else None, gather)
+    if hot is not None:
+        metrics.hot_loaded(hot)
+    metrics.start()
+    return metrics
 
 
 def keep_hot(bound: dict, sidecar: config.Sidecar):

@@ -138,6 +138,9 @@ class PleMetrics:
 
     def layer(self, layer: int, cache=None, gather=None) -> LayerPublisher:
         """The publisher of ``layer`` (its row cache's counts); made the ``gather``'s observer when given."""
+        old = self.layers.get(layer)
+        if old is not None:  # the model loaded again in this process: what the old cache counted stays in
+            old.publish()
         pub = self.layers[layer] = LayerPublisher(self, layer, cache)
         if gather is not None:
             gather.observer = pub

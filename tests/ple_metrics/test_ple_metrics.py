@@ -226,3 +226,14 @@ def test_hot_file_series_count_loads_writes_and_an_ignored_file(tmp_path):
     assert value(samples, S.HOT_WRITE_SECONDS.sample, **proc) == 2
     assert value(samples, S.HOT_LOADED.sample, **proc) == 500
     assert value(samples, S.REFUSALS.sample, **proc, reason="hot_file_ignored") == 1  # the third; the first had none
+
+
+def test_docs_list_every_series_with_its_labels_and_every_reason():
+    text = (REPO / "docs" / "metrics.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in text.splitlines() if line.startswith("| `ssd_")}
+    assert set(rows) == {s.sample if s.kind == "counter" else s.name for s in S.ALL}, sorted(rows)
+    for s in S.ALL:
+        row = rows[s.sample if s.kind == "counter" else s.name]
+        assert f"| {s.kind} | {', '.join(s.labels)} |" in row, row
+    for reason in S.REASONS:
+        assert f"`{reason}`" in text, reason

@@ -529,13 +529,20 @@ def start_prefetch(model, bound: dict):
 
 
 def _ranks() -> tuple[int | None, int | None]:
-    """This scheduler's TP and PP ranks (None: no distributed groups, as in tests)."""
-    try:
-        from sglang.srt.distributed import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
+    """This scheduler's TP and PP ranks from sglang's parallel state (None: a rank this process never wrote, as
+    in tests). sglang 0.5.23's ``sglang.srt.distributed`` no longer exports ``get_tensor_model_parallel_rank``:
+    importing it from there left both ranks unknown in real servers too."""
+    from sglang.srt.runtime_context import get_parallel
 
-        return get_tensor_model_parallel_rank(), get_pipeline_model_parallel_rank()
-    except (AssertionError, ImportError, RuntimeError, AttributeError):
-        return None, None
+    parallel = get_parallel()
+    ranks = []
+    for name in ("tp_rank", "pp_rank"):
+        try:
+            rank = getattr(parallel, name)
+        except (RuntimeError, AttributeError):  # "has not been written in this process"
+            rank = None
+        ranks.append(rank if isinstance(rank, int) and not isinstance(rank, bool) else None)
+    return ranks[0], ranks[1]
 
 
 def _process_role() -> str:

@@ -21,6 +21,10 @@ def _samples(text: str) -> dict:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def _lines(sc, pattern: str) -> list[str]:
+    return [line for line in sc.log.splitlines() if re.search(pattern, line)]
+
+
 def _by_layer(samples: dict, name: str) -> dict[str, float]:
     out = {}
     for (n, labels), v in samples.items():
@@ -35,7 +39,7 @@ def test_the_kits_series_are_in_sglangs_metrics_and_agree_with_the_row_caches(qw
     sc = qwen4_mtp_sidecar
     samples = _samples(sc.results["metrics"])
     assert any(n.startswith("sglang:") for n, _ in samples)  # sglang's own series, in the same scrape
-    bound = {m for line in sc.lines(r"PLE layer \d+: sidecar ") for m in re.findall(r"PLE layer (\d+):", line)}
+    bound = {m for line in _lines(sc, r"PLE layer \d+: sidecar ") for m in re.findall(r"PLE layer (\d+):", line)}
     lookups = _by_layer(samples, S.LOOKUPS.sample)
     assert bound and set(lookups) == bound, (bound, lookups)  # one series per PLE layer of the scheduler
     hits, misses = _by_layer(samples, S.HITS.sample), _by_layer(samples, S.MISSES.sample)
@@ -47,7 +51,7 @@ def test_the_kits_series_are_in_sglangs_metrics_and_agree_with_the_row_caches(qw
         assert nbytes[layer] == pages[layer] * 4096 > 0, layer
         assert demand[layer] + ahead[layer] == read[layer] and ahead[layer] > 0, layer  # the prompt-ahead fetch
         assert exposed[layer] > 0, layer  # eager lookups observed (a CPU server runs no graph)
-    logged = [int(m) for line in sc.lines(r"PLE prompt-ahead prefetch: ")
+    logged = [int(m) for line in _lines(sc, r"PLE prompt-ahead prefetch: ")
               for m in re.findall(r"of (\d+) lookups hit", line)]
     assert logged and sum(lookups.values()) >= max(logged), (logged, lookups)  # the log's last count, or more
     refused = {dict(lab)["reason"]: v for (n, lab), v in samples.items() if n == S.REFUSALS.sample}

@@ -84,8 +84,8 @@ def test_series_in_sglangs_metrics_equal_the_row_caches_stats(env, monkeypatch, 
     assert _value(samples, S.ON_DEMAND.sample, **lab) + _value(samples, S.AHEAD.sample, **lab) == st["rows_read"]
     assert _value(samples, S.EXPOSED_SECONDS.sample, **lab) == len(lookups)  # the refused one waited for nothing
     assert _value(samples, S.REFUSALS.sample, engine="sglang", reason="row_out_of_range") == 1
-    # this process has no distributed groups (the stand-in's ranks are an override of the shard split only, as
-    # the hot file's role "sglang-cpu" shows): the rank labels are there, empty; a server's scheduler fills them
+    # the ranks are sglang's parallel state's: the stand-in's load states TP rank 1 of 2 and no PP rank (empty), as
+    # the hot file's role shows; a server's scheduler has both (the e2e scenario's tp_rank="0", pp_rank="0")
     ranks = {(dict(lab_)["tp_rank"], dict(lab_)["pp_rank"]) for (n, lab_) in samples if n == S.LOOKUPS.sample}
-    assert ranks == {("", "")} and model._ssd_stream_hot.path.name.endswith("-sglang-cpu.plehot"), ranks
+    assert ranks == {("1", "")} and model._ssd_stream_hot.path.name.endswith("-sglang-cpu-tp1.plehot"), ranks
     model._ssd_stream_hot.close()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from sglang_ssd_stream.ple_metrics import series as S
 
 
@@ -56,3 +58,16 @@ def test_the_kits_series_are_in_sglangs_metrics_and_agree_with_the_row_caches(qw
     assert logged and sum(lookups.values()) >= max(logged), (logged, lookups)  # the log's last count, or more
     refused = {dict(lab)["reason"]: v for (n, lab), v in samples.items() if n == S.REFUSALS.sample}
     assert set(refused) == set(S.REASONS) and not any(refused.values()), refused  # every reason shown, none met
+
+
+def test_a_real_prometheus_scrapes_the_server_and_answers_the_hit_rate(qwen4_mtp_sidecar):
+    """Debian's prometheus, started on loopback for the scenario, scraped sglang's /metrics every second; after the
+    traffic it answers the hit-rate query with the row caches' own ratio."""
+    got = qwen4_mtp_sidecar.results["prometheus"]
+    if "skipped" in got:
+        pytest.skip(got["skipped"])
+    assert "error" not in got, got
+    samples = _samples(qwen4_mtp_sidecar.results["metrics"])
+    hits, lookups = (sum(_by_layer(samples, s.sample).values()) for s in (S.HITS, S.LOOKUPS))
+    assert got["lookups"] == lookups > 0
+    assert got["hit_rate"] == pytest.approx(hits / lookups, rel=1e-12) and 0 < got["hit_rate"] < 1, got

@@ -104,9 +104,9 @@ def _total(text: str, name: str) -> float:
 
 def while_scraped(url: str, run) -> dict:
     """``run()`` (a scenario's traffic, returning its results with the endpoint's text at idle under ``metrics``)
-    while a real Prometheus scrapes ``url`` every second; adds ``prometheus``: what it answers for the lookups and
-    the hit rate once it has scraped as many lookups as that text shows ({"skipped": ...} without the package,
-    {"error": ...} when it failed: the scenario's other tests go on)."""
+    while a real Prometheus scrapes ``url`` every second; adds ``prometheus``: what it answers for the lookups, the
+    hit rate and the bytes read once it has scraped as many lookups as that text shows ({"skipped": ...} without
+    the package, {"error": ...} when it failed: the scenario's other tests go on)."""
     import tempfile
 
     if BINARY is None:
@@ -117,7 +117,8 @@ def while_scraped(url: str, run) -> dict:
         out = run()
         lookups = _total(out["metrics"], "ssd_stream_lookups_total")
         out["prometheus"] = {"lookups": p.scalar_when("sum(ssd_stream_lookups_total)", lambda v: v == lookups),
-                             "hit_rate": p.scalar_when(HIT_RATE, lambda v: True), "query": HIT_RATE}
+                             "hit_rate": p.scalar_when(HIT_RATE, lambda v: True), "query": HIT_RATE,
+                             "bytes_read": p.scalar_when("sum(ssd_stream_disk_read_bytes_total)", lambda v: True)}
         return out
     except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
         return {**locals().get("out", {}), "prometheus": {"error": f"{type(exc).__name__}: {exc}",

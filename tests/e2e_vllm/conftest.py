@@ -395,10 +395,16 @@ def streamed_mmap_mtp(stage, qwen4_mtp_model, sidecar, root) -> Scenario:
     # the verify-step fetch on (off by default) and no hot file: it must be seen to read rows a cold cache lacks
     # (test_7); vLLM's metrics in multiprocess mode (an empty directory of its own), which carries the worker's
     # series of the kit to the API server's /metrics (test_9_metrics)
+    from ..ple_metrics.prometheus_server import while_scraped
+
     prom = root / "streamed-mmap-mtp-prometheus"
     prom.mkdir()
-    return stage.serve("streamed-mmap-mtp", qwen4_mtp_model,
-                       lambda s: {"greedy": greedy_runs(s), "spec": spec_counters(s), "metrics": metrics_at_idle(s)},
+
+    def exercise(server):  # a real Prometheus scrapes it meanwhile (test_7_metrics)
+        return while_scraped(server.url, lambda: {"greedy": greedy_runs(server), "spec": spec_counters(server),
+                                                  "metrics": metrics_at_idle(server)})
+
+    return stage.serve("streamed-mmap-mtp", qwen4_mtp_model, exercise,
                        env=streamed("mmap", sidecar, VLLM_PLE_HOT_SHARE_PCT="0", VLLM_PLE_PREFETCH_DRAFTS="1",
                                     PROMETHEUS_MULTIPROC_DIR=str(prom)),
                        args=MTP_ARGS)

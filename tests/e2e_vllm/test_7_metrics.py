@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from sglang_ssd_stream.ple_metrics import series as S
 
 
@@ -54,3 +56,16 @@ def test_the_kits_series_are_in_vllms_metrics_and_agree_with_the_row_caches(stre
     assert logged and sum(lookups.values()) >= max(logged), (logged, lookups)  # the log's last count, or more
     refused = {dict(lab)["reason"]: v for (n, lab), v in samples.items() if n == S.REFUSALS.sample}
     assert set(refused) == set(S.REASONS) and not any(refused.values()), refused  # every reason shown, none met
+
+
+def test_a_real_prometheus_scrapes_the_server_and_answers_the_hit_rate(streamed_mmap_mtp):
+    """Debian's prometheus, started on loopback for the scenario, scraped vLLM's /metrics every second; after the
+    traffic it answers the lookups, the bytes read and the hit-rate query as the row caches count them."""
+    got = streamed_mmap_mtp.results["prometheus"]
+    if "skipped" in got:
+        pytest.skip(got["skipped"])
+    assert "error" not in got, got
+    samples = _samples(streamed_mmap_mtp.results["metrics"])
+    hits, lookups, nbytes = (sum(_by_layer(samples, s.sample).values()) for s in (S.HITS, S.LOOKUPS, S.BYTES_READ))
+    assert got["lookups"] == lookups > 0 and got["bytes_read"] == nbytes > 0, got
+    assert got["hit_rate"] == pytest.approx(hits / lookups, rel=1e-12) and 0 < got["hit_rate"] <= 1, got

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("sglang_ssd_stream", "vllm_ple_offload")
 FLOORS = ("sglang_ssd_stream.patching", "sglang_ssd_stream.sidecar", "sglang_ssd_stream.findings",
           "sglang_ssd_stream.errors", "sglang_ssd_stream.paths", "sglang_ssd_stream.env_numbers",
-          "sglang_ssd_stream.checks", "sglang_ssd_stream.knobs", "sglang_ssd_stream.atomic_file")
+          "sglang_ssd_stream.checks", "sglang_ssd_stream.knobs", "sglang_ssd_stream.atomic_file",
+          "sglang_ssd_stream.ple_metrics")
 STAGING = "sglang_ssd_stream.staging"
 SGLANG_ADAPTER = "sglang_ssd_stream.sglang"
 OPERATE = "sglang_ssd_stream.operate"

@@ -175,6 +175,9 @@ class StreamedPLEEmbedding(Qwen4ExpPLEEmbedding):
                                      capacity_hint=_CAPACITY_HINT)
         if self.row_cache is not None:
             _ROW_CACHES.append(self.row_cache)
+        from .exported_metrics import watch_layer
+
+        watch_layer(self.table.layer, self.row_cache, self._gather)
         self._prefetch_buffer: torch.Tensor | None = None
         self._prefetch_stream: torch.cuda.Stream | None = None
         self._prefetch_alloc_lock = threading.Lock()

@@ -347,6 +347,9 @@ def keep_hot(model, settings: env.PleSettings):
     if old is not None:
         old.close()
     hot.load()
+    from .exported_metrics import watch_hot
+
+    watch_hot(hot)
     hot.start()
     return hot
 

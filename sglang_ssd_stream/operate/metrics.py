@@ -37,16 +37,53 @@ class MetricNames:
     fallback: Callable[[Callable[[str], Any]], dict] | None = None
 
 
+SUMMED = ("_total", "_tokens", "_sum", "_count")  # counters, token counts, histograms' sums and counts
+
+
 def parse(text: str) -> dict[str, float]:
-    """Sample name -> value; samples of one name with several label sets (ranks) are summed for counters
-    and token counts, and the largest is kept for fractions and rates (the worst rank)."""
+    """Sample name -> value; samples of one name with several label sets (ranks, PLE layers) are summed for
+    counters, token counts and histograms' sums and counts, and the largest is kept for fractions and rates (the
+    worst rank)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out.setdefault(s.name, []).append(float(s.value))
-    return {k: (sum(v) if k.endswith("_total") or k.endswith("_tokens") else max(v)) for k, v in out.items()}
+    return {k: (sum(v) if k.endswith(SUMMED) else max(v)) for k, v in out.items()}
+
+
+def _ple_totals() -> dict[str, str]:
+    """The kit's own series ``watch`` reads (:mod:`..ple_metrics.series`): key -> sample name."""
+    from ..ple_metrics import series as S
+
+    return {"lookups": S.LOOKUPS.sample, "hits": S.HITS.sample, "rows_read": S.ROWS_READ.sample,
+            "rows_ahead": S.AHEAD.sample, "reads": S.READS.sample, "bytes_read": S.BYTES_READ.sample,
+            "exposed_s": S.EXPOSED_SECONDS.name + "_sum", "exposed_lookups": S.EXPOSED_SECONDS.name + "_count",
+            "hot_rows_loaded": S.HOT_LOADED.sample, "hot_rows_written": S.HOT_WRITTEN.sample,
+            "refusals": S.REFUSALS.sample}
+
+
+def ple_sample(values: dict[str, float], previous: dict | None, dt: float | None) -> dict | None:
+    """The PLE part of one ``watch`` sample from the kit's ``ssd_stream_*`` series (all layers and ranks summed):
+    the totals, and over the interval since ``previous`` the hit rate, disk MiB/s and reads/s, the part of the
+    rows read that the prefetch read, exposed ms per layer lookup and new refusals. None: no such series."""
+    totals = {k: values[n] for k, n in _ple_totals().items() if n in values}
+    if "lookups" not in totals:
+        return None
+    out: dict = {"totals": totals}
+    prev = (previous or {}).get("totals") or {}
+    if not prev or not dt or dt <= 0 or any(totals.get(k, 0) < v for k, v in prev.items()):
+        return out  # no interval yet, or the server restarted (its counters fell)
+    d = {k: totals.get(k, 0) - prev.get(k, 0) for k in totals}
+    out.update(lookups_per_s=d["lookups"] / dt,
+               hit_rate=d["hits"] / d["lookups"] if d["lookups"] else None,
+               disk_mib_per_s=d.get("bytes_read", 0) / dt / 2**20, disk_reads_per_s=d.get("reads", 0) / dt,
+               ahead_share=d.get("rows_ahead", 0) / d["rows_read"] if d.get("rows_read") else None,
+               exposed_ms_per_lookup=(1e3 * d["exposed_s"] / d["exposed_lookups"] if d.get("exposed_lookups")
+                                      else None),
+               new_refusals=d.get("refusals", 0))
+    return out
 
 
 def engine_sample(names: MetricNames, values: dict[str, float], previous: dict | None, dt: float | None) -> dict:

@@ -494,6 +494,7 @@ def around_load_weights(original, self, weights, *args, **kwargs):
     apply_scales(bound, sidecar, stream.scales_seen)
     start_prefetch(self, bound)
     self._ssd_stream_hot = keep_hot(bound, sidecar)
+    self._ssd_stream_metrics = export_metrics(bound, self._ssd_stream_hot)
     log.info("PLE sidecar: %d layer(s) bound, %d PLE shard tensor(s) skipped, %d of them spot-checked against "
              "the sidecar", len(bound), stream.dropped, stream.checked)
     _ran("load_weights", "layers %s bound to the sidecar, %d PLE shard tensor(s) skipped, %d spot-checked",
@@ -527,21 +528,53 @@ def start_prefetch(model, bound: dict):
     return prefetcher
 
 
+def _ranks() -> tuple[int | None, int | None]:
+    """This scheduler's TP and PP ranks from sglang's parallel state (None: a rank this process never wrote, as
+    in tests). sglang 0.5.23's ``sglang.srt.distributed`` no longer exports ``get_tensor_model_parallel_rank``:
+    importing it from there left both ranks unknown in real servers too."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    ranks = []
+    for name in ("tp_rank", "pp_rank"):
+        try:
+            rank = getattr(parallel, name)
+        except (RuntimeError, AttributeError):  # "has not been written in this process"
+            rank = None
+        ranks.append(rank if isinstance(rank, int) and not isinstance(rank, bool) else None)
+    return ranks[0], ranks[1]
+
+
 def _process_role() -> str:
     """This scheduler's hot-file role (:func:`..sidecar.hot_rows.process_role`)."""
     import torch
 
     from ..sidecar.hot_rows import process_role
 
-    tp = pp = None
-    try:
-        from sglang.srt.distributed import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
-
-        tp, pp = get_tensor_model_parallel_rank(), get_pipeline_model_parallel_rank()
-    except (AssertionError, ImportError, RuntimeError, AttributeError):  # no distributed groups (tests)
-        pass
+    tp, pp = _ranks()
     gpu = torch.cuda.current_device() if torch.cuda.is_available() else None
     return process_role("sglang", gpu=gpu, tp=tp, pp=pp)
+
+
+def export_metrics(bound: dict, hot):
+    """The kit's ``ssd_stream_*`` series of this scheduler's PLE layers and hot file in sglang's ``/metrics``
+    (:mod:`..ple_metrics`): published when sglang runs prometheus_client in multiprocess mode, which
+    ``--enable-metrics`` turns on (its launcher sets ``PROMETHEUS_MULTIPROC_DIR`` before it starts the
+    schedulers); None otherwise (one log line)."""
+    from ..ple_metrics.publish import for_process
+    from ..sidecar.row_cache import RowCache
+
+    tp, pp = _ranks()
+    metrics = for_process("sglang", tp_rank=tp, pp_rank=pp)
+    if metrics is None:
+        return None
+    for layer, emb in bound.items():
+        gather = emb._ssd_stream
+        metrics.layer(layer, gather.reader if isinstance(gather.reader, RowCache) else None, gather)
+    if hot is not None:
+        metrics.hot_loaded(hot)
+    metrics.start()
+    return metrics
 
 
 def keep_hot(bound: dict, sidecar: config.Sidecar):

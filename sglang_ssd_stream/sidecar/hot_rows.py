@@ -74,6 +74,7 @@ class HotRows:
         self.loaded_rows = 0
         self.written: int | None = None  # rows in the last file written
         self.skipped = 0  # writes left out: the file already held (nearly) those rows
+        self.on_write = None  # on_write(rows, seconds) after each file written (the kit's metrics)
         # what the file holds, when known: each layer's ids (sorted), and the file itself (dev, inode, size, mtime)
         self._in_file: dict[int, np.ndarray] | None = None
         self._file_id: tuple[int, int, int, int] | None = None
@@ -137,6 +138,7 @@ class HotRows:
             log.warning("PLE hot file %s not written: another write of it did not finish in %.0f s", self.path,
                         LOCK_WAIT_S)
             return None
+        t0 = time.monotonic()
         try:
             try:
                 layers = {}
@@ -175,6 +177,8 @@ class HotRows:
                      100 * REWRITE_MIN_CHANGED)
             return 0
         log.info("PLE hot file %s: %d rows written", self.path, self.written)
+        if self.on_write is not None:
+            self.on_write(self.written, time.monotonic() - t0)
         return self.written
 
     def _check_tables(self, layers: dict) -> None:

@@ -142,6 +142,9 @@ class SidecarGather:
         self.graph_rows = int(graph_rows)  # a CPU box has no graphs, but tests drive capture() there
         self.layer = getattr(getattr(reader, "table", None), "layer", "?")
         self.stats = GatherStats()
+        # read(seconds), waited(seconds), refused(exc) of each eager lookup: the kit's metrics
+        # (:class:`..ple_metrics.publish.LayerPublisher`); None: nothing is told
+        self.observer = None
         self._host_read = host_read
         self._host_nodes: list = []  # captured reads referenced by graphs: keep them alive
 
@@ -222,11 +225,15 @@ class SidecarGather:
             src = device_slot[:n]
         convert_staged_rows(src, out, is_fp8=self.is_fp8)
 
-    def _stage_and_deliver(self, n: int, out: torch.Tensor) -> None:
+    def _stage_and_deliver(self, n: int, out: torch.Tensor) -> float:
         t = time.perf_counter()
         self.reader.read_rows(self._ids_np[:n], self._rows_np[:n])
-        self.stats.read_s += time.perf_counter() - t
+        seconds = time.perf_counter() - t
+        self.stats.read_s += seconds
+        if self.observer is not None:
+            self.observer.read(seconds)
         self._deliver(self.rows_host[:n], self.rows_device, out)
+        return seconds
 
     # ------------------------------------------------------------------ eager
 
@@ -240,7 +247,13 @@ class SidecarGather:
         self.stats.rows += n
         if not self.cuda:
             self._ids_np[:n] = ids.numpy()
-            self._stage_and_deliver(n, out)
+            try:
+                seconds = self._stage_and_deliver(n, out)
+            except Exception as exc:
+                self._refused(exc)
+                raise
+            if self.observer is not None:  # synchronous here: the forward waited for the whole read
+                self.observer.waited(seconds)
             return
         if n == 0:
             return
@@ -264,8 +277,20 @@ class SidecarGather:
     def wait(self) -> None:
         """Block until the last ``begin`` has enqueued its delivery; re-raises its error."""
         pending, self._pending = self._pending, None
-        if pending is not None:
+        if pending is None:
+            return
+        t = time.perf_counter()
+        try:
             pending.result()
+        except Exception as exc:
+            self._refused(exc)
+            raise
+        if self.observer is not None:
+            self.observer.waited(time.perf_counter() - t)
+
+    def _refused(self, exc: BaseException) -> None:
+        if self.observer is not None:
+            self.observer.refused(exc)
 
     # ------------------------------------------------------------------ a prefetch on a side stream
 

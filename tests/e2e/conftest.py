@@ -315,6 +315,15 @@ def greedy_runs(server: SglangServer) -> list[dict]:
     return runs
 
 
+def metrics_at_idle(server: SglangServer) -> str:
+    """``/metrics`` once the traffic is over and the kit's periodic publish has run since (at idle, every row
+    cache's statistics are whole: no lookup is half counted)."""
+    from sglang_ssd_stream.ple_metrics.publish import PUBLISH_INTERVAL_S
+
+    time.sleep(2.5 * PUBLISH_INTERVAL_S)
+    return httpx.get(f"{server.url}/metrics", timeout=30).text
+
+
 def qwen4_args(*extra: str) -> list[str]:
     return [*HYBRID_CAPS, "--allow-auto-truncate", *extra]
 
@@ -602,8 +611,14 @@ def qwen4_mtp_sidecar(stage, qwen4_model, sidecar) -> Scenario:
     """Ours under MTP with the default launch's PLE path: the sidecar through the row cache, prompt-ahead
     prefetch on."""
     # the verify-step fetch on (off by default) and no hot file: it must be seen to read rows a cold cache lacks
-    # (test_5)
-    return stage.serve("qwen4-mtp-sidecar", "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
+    # (test_5); the profile's --enable-metrics: the kit's series in sglang's /metrics after the traffic, scraped by
+    # a real Prometheus too (test_7)
+    from ..ple_metrics.prometheus_server import while_scraped
+
+    def exercise(server):
+        return while_scraped(server.url, lambda: {"greedy": greedy_runs(server), "metrics": metrics_at_idle(server)})
+
+    return stage.serve("qwen4-mtp-sidecar", "patched", qwen4_model, exercise,
                        standin=True, args=mtp_server_args(qwen4_model, "--ple-offload-embedding"),
                        env={"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": "mmap",
                             "SGLANG_SSD_STREAM_HOT_SHARE_PCT": "0", "SGLANG_SSD_STREAM_PREFETCH_DRAFTS": "1"})

@@ -156,8 +156,9 @@ def test_a_restart_reads_the_hot_file_before_the_first_request_and_no_row_from_d
     assert written, cold.log[-4000:]
     path = re.search(r"PLE hot file (\S+): ", written[-1]).group(1)
     assert [str(f) for f in cold.results["hot_files"]] == [path]
-    # one file, named for the sidecar, this rank's rows of each table and this process (no GPU: "cpu")
-    assert re.search(r"/hot/[0-9a-f]{16}-(rows0-\d+|ranges[0-9a-f]+)-sglang-cpu(-tp0)?(-pp0)?\.plehot$", path), path
+    # one file, named for the sidecar, this rank's rows of each table and this process (no GPU: "cpu"; its ranks
+    # from sglang's parallel state)
+    assert re.search(r"/hot/[0-9a-f]{16}-(rows0-\d+|ranges[0-9a-f]+)-sglang-cpu-tp0-pp0\.plehot$", path), path
     # the restart: loaded before the server was ready, then every lookup a hit
     loaded = _lines(hot, rf"PLE hot file {re.escape(path)}: (\d+) rows into 2 layer\(s\)")
     assert loaded, hot.log[-4000:]

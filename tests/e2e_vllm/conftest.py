@@ -388,16 +388,35 @@ def spec_counters(server: VllmServer) -> dict:
 
 
 @pytest.fixture(scope="session")
-def streamed_mmap_mtp(stage, qwen4_mtp_model, sidecar) -> Scenario:
+def streamed_mmap_mtp(stage, qwen4_mtp_model, sidecar, root) -> Scenario:
     """(b)'s configuration exactly (``mmap``, default row cache, prompt-ahead prefetch, the sidecar whose bytes (b)
     reads) on the checkpoint with its MTP draft, served with MTP 2: the greedy runs, then vLLM's spec-decode
     counters."""
     # the verify-step fetch on (off by default) and no hot file: it must be seen to read rows a cold cache lacks
-    # (test_7)
-    return stage.serve("streamed-mmap-mtp", qwen4_mtp_model,
-                       lambda s: {"greedy": greedy_runs(s), "spec": spec_counters(s)},
-                       env=streamed("mmap", sidecar, VLLM_PLE_HOT_SHARE_PCT="0", VLLM_PLE_PREFETCH_DRAFTS="1"),
+    # (test_7); vLLM's metrics in multiprocess mode (an empty directory of its own), which carries the worker's
+    # series of the kit to the API server's /metrics (test_9_metrics)
+    from ..ple_metrics.prometheus_server import while_scraped
+
+    prom = root / "streamed-mmap-mtp-prometheus"
+    prom.mkdir()
+
+    def exercise(server):  # a real Prometheus scrapes it meanwhile (test_7_metrics)
+        return while_scraped(server.url, lambda: {"greedy": greedy_runs(server), "spec": spec_counters(server),
+                                                  "metrics": metrics_at_idle(server)})
+
+    return stage.serve("streamed-mmap-mtp", qwen4_mtp_model, exercise,
+                       env=streamed("mmap", sidecar, VLLM_PLE_HOT_SHARE_PCT="0", VLLM_PLE_PREFETCH_DRAFTS="1",
+                                    PROMETHEUS_MULTIPROC_DIR=str(prom)),
                        args=MTP_ARGS)
+
+
+def metrics_at_idle(server: VllmServer) -> str:
+    """``/metrics`` once the traffic is over and the kit's periodic publish has run since (at idle, every row
+    cache's statistics are whole: no lookup is half counted)."""
+    from sglang_ssd_stream.ple_metrics.publish import PUBLISH_INTERVAL_S
+
+    time.sleep(2.5 * PUBLISH_INTERVAL_S)
+    return httpx.get(f"{server.url}/metrics", timeout=30).text
 
 
 BAD_KNOB = ("VLLM_PLE_FETCH_WORKERS", "+8")  # int() would take it; the plugin's one rule for numbers does not

@@ -347,3 +347,53 @@ def test_the_page_cache_measure_finds_tables_on_another_disk_as_the_server_trust
     assert "watch: sidecar not measured" in capsys.readouterr().err
     monkeypatch.setenv("VLLM_PLE_TRUSTED_ROOTS", str(disk2))
     assert _sidecars(str(model), "vllm") == (str(disk2 / "ple" / "layer-3.bin"),)
+
+
+def kit_series_text(per_layer: dict) -> str:
+    """The kit's ``ssd_stream_*`` series as an engine's /metrics shows them: two PLE layers, made from the series
+    table itself (sglang_ssd_stream/ple_metrics/series.py), ``per_layer`` the values of each layer."""
+    import prometheus_client
+
+    from sglang_ssd_stream.ple_metrics import series as S
+
+    reg = prometheus_client.CollectorRegistry()
+    made = {s.name: (prometheus_client.Counter if s.kind == "counter" else prometheus_client.Histogram)(
+        s.name, s.doc, s.labels, registry=reg, **({"buckets": s.buckets} if s.buckets else {})) for s in S.ALL}
+    for layer in ("3", "7"):
+        lab = {"engine": "sglang", "layer": layer, "tp_rank": "0", "pp_rank": "0"}
+        for key, series in (("lookups", S.LOOKUPS), ("hits", S.HITS), ("rows_read", S.ROWS_READ),
+                            ("ahead", S.AHEAD), ("reads", S.READS), ("bytes", S.BYTES_READ)):
+            made[series.name].labels(**lab).inc(per_layer[key])
+        for _ in range(per_layer["exposed_n"]):
+            made[S.EXPOSED_SECONDS.name].labels(**lab).observe(per_layer["exposed_s"] / per_layer["exposed_n"])
+    made[S.REFUSALS.name].labels(engine="sglang", tp_rank="0", pp_rank="0", reason="row_out_of_range").inc(
+        per_layer["refusals"])
+    return prometheus_client.generate_latest(reg).decode()
+
+
+def test_the_kits_series_become_the_ple_part_of_a_sample_and_of_an_incident(tmp_path, endpoint, sglang_texts):
+    first = dict(lookups=1000, hits=600, rows_read=400, ahead=100, reads=50, bytes=50 * 4096, exposed_n=4,
+                 exposed_s=0.004, refusals=0)
+    then = dict(lookups=3000, hits=2200, rows_read=800, ahead=400, reads=90, bytes=90 * 4096 + 10 * 2**20,
+                exposed_n=14, exposed_s=0.024, refusals=1)
+    w = watcher(tmp_path, endpoint)
+    endpoint.metrics = sglang_texts["healthy"] + kit_series_text(first)
+    p = w.step()["ple"]
+    assert p["totals"]["lookups"] == 2000 and "hit_rate" not in p  # two layers summed; one sample: no interval
+    assert p["totals"]["exposed_lookups"] == 8 and p["totals"]["exposed_s"] == pytest.approx(0.008)  # histograms too
+    endpoint.metrics = sglang_texts["healthy"] + kit_series_text(then)
+    p = w.step()["ple"]  # 10 s later (the test clock)
+    assert p["hit_rate"] == pytest.approx(2 * 1600 / (2 * 2000)) and p["lookups_per_s"] == pytest.approx(400.0)
+    assert p["disk_mib_per_s"] == pytest.approx(2 * (40 * 4096 + 10 * 2**20) / 10 / 2**20)
+    assert p["disk_reads_per_s"] == pytest.approx(8.0) and p["ahead_share"] == pytest.approx(300 / 400)
+    assert p["exposed_ms_per_lookup"] == pytest.approx(2.0) and p["new_refusals"] == 1
+    endpoint.metrics = sglang_texts["healthy"] + kit_series_text(first)  # a restart: counters fell, no negative rate
+    assert "hit_rate" not in w.step()["ple"]
+    endpoint.metrics = sglang_texts["healthy"]  # an engine without the kit's series: said so
+    assert "ssd_stream_" in w.step()["ple"]["note"]
+    set_mem(tmp_path / "proc", 1.0)  # below Thor's incident line: a bundle, whose samples carry the PLE part
+    bundles = w.step().get("bundles")
+    assert bundles
+    kept = [json.loads(line) for line in (Path(bundles[0]) / "samples.jsonl").read_text().splitlines()]
+    assert any(s["ple"].get("hit_rate") for s in kept)
+    w.close()

@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from ..metrics import engine_sample, parse
+from ..metrics import engine_sample, parse, ple_sample
 from .config import WatchConfig
 from .processes import cgroup_stats, meminfo, pid_listening, process_tree, rss_bytes
 from .residency import Nvml, resident_bytes
@@ -107,6 +107,10 @@ class Sampler:
             values = parse(r.text) if r.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             values = {}
+        prev_ple = next((s for s in reversed(history) if s.get("ple", {}).get("totals")), None)
+        out["ple"] = ple_sample(values, prev_ple.get("ple") if prev_ple else None,
+                                now - prev_ple["t"] if prev_ple else None) or {
+            "note": "no ssd_stream_* series at /metrics (docs/metrics.md says how each engine exports them)"}
         known = [n for n in (names.kv_usage, names.running, names.accept_length, names.drafts_total) if n]
         if any(n in values for n in known):
             out["engine"] = engine_sample(names, values, prev.get("engine") if prev else None,

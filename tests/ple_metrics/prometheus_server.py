@@ -17,6 +17,15 @@ from pathlib import Path
 
 BINARY = shutil.which("prometheus")
 MISSING = "Debian's prometheus package is not installed (apt-get install prometheus)"
+# .ci/run installs the package and sets this: there a missing binary fails the tests that need it, never skips them
+REQUIRED = os.environ.get("SSD_STREAM_REQUIRE_PROMETHEUS") == "1"
+
+
+def skip_or_fail(reason: str = MISSING) -> None:
+    """The test cannot run without the package: skipped, or failed where the run requires it."""
+    import pytest
+
+    (pytest.fail if REQUIRED else pytest.skip)(f"{reason} (SSD_STREAM_REQUIRE_PROMETHEUS=1)" if REQUIRED else reason)
 
 
 def _free_port() -> int:

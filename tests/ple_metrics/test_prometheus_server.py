@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from .prometheus_server import BINARY, HIT_RATE, MISSING, Prometheus
+from .prometheus_server import BINARY, HIT_RATE, Prometheus, skip_or_fail
 from .test_ple_metrics import CHILD, run_child
 
 
@@ -36,8 +36,9 @@ def _serve(directory):
     return server
 
 
-@pytest.mark.skipif(BINARY is None, reason=MISSING)
 def test_a_real_prometheus_answers_the_hit_rate_of_the_row_caches(tmp_path):
+    if BINARY is None:
+        skip_or_fail()
     prom = tmp_path / "prom"
     prom.mkdir()
     got = run_child(CHILD, tmp_path, 4, "call", env_dir=prom)

@@ -30,8 +30,10 @@ machine has it), checks the import chain (``--no-import-probe`` skips it), then 
 profiles' way), waits for ``/health``, sends the CPU e2e suite's greedy token-id prompts (24, 97, 180 tokens,
 16 out, ``/generate``) and stops the server's process group. Scenarios: ``sidecar-eager`` (the PLE table read
 from the sidecar, ``--disable-cuda-graph``), ``ram-eager`` (no sidecar: the table in GPU memory), then the same
-two with CUDA graphs on (``sidecar-graph``, ``ram-graph``); after a scenario fails the rest are skipped unless
-``--keep-going``. Writes ``results.json`` (token ids, timings, versions,
+two with decode CUDA graphs on (``sidecar-graph``, ``ram-graph``: ``--cuda-graph-backend-prefill disabled``) and
+with sglang's default prefill graphs too (``sidecar-graph-prefill``, ``ram-graph-prefill``; its breakable
+backend); after a scenario fails the rest are skipped unless ``--keep-going``; ``--reference`` adds an earlier
+call's greedy ids to the equality checks. Writes ``results.json`` (token ids, timings, versions,
 equality checks, the stand-in ops that ran) and one log per scenario under ``--out``.
 
 Exact command (CPU box, repo root; the lock's wheels are fetched once)::
@@ -249,8 +251,8 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 
 def scenario(name: str, site: Path, model: Path, sidecar: Path | None, graphs: bool, out: Path, port: int,
-             budget: float, base_env: dict) -> dict:
-    res: dict = {"name": name, "sidecar": bool(sidecar), "cuda_graphs": graphs}
+             budget: float, base_env: dict, prefill_graphs: bool = False) -> dict:
+    res: dict = {"name": name, "sidecar": bool(sidecar), "cuda_graphs": graphs, "prefill_graphs": prefill_graphs}
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--max-total-tokens", "4096", "--context-length", "256",
            "--max-mamba-cache-size", "64", "--disable-radix-cache", "--allow-auto-truncate",
@@ -258,6 +260,8 @@ def scenario(name: str, site: Path, model: Path, sidecar: Path | None, graphs: b
            "--sampling-backend", "pytorch", "--mem-fraction-static", "0.5", "--max-running-requests", "8"]
     if graphs:
         cmd += ["--cuda-graph-max-bs-decode", "8"]
+        if not prefill_graphs:  # decode graphs only; sglang 0.5.23 also captures prefill graphs by default
+            cmd += ["--cuda-graph-backend-prefill", "disabled"]
     else:
         cmd += ["--disable-cuda-graph"]
     env = dict(base_env)
@@ -426,11 +430,12 @@ def serve(args) -> int:
         save()
         print(p.stdout[-3000:], flush=True)
 
-    plan = [("sidecar-eager", sidecar, False), ("ram-eager", None, False),
-            ("sidecar-graph", sidecar, True), ("ram-graph", None, True)]
-    plan = [s for s in plan if s[0] in args.scenarios.split(",")]
+    plan = {"sidecar-eager": (sidecar, False, False), "ram-eager": (None, False, False),
+            "sidecar-graph": (sidecar, True, False), "ram-graph": (None, True, False),
+            "sidecar-graph-prefill": (sidecar, True, True), "ram-graph-prefill": (None, True, True)}
+    plan = [(name, *plan[name]) for name in args.scenarios.split(",") if name in plan]
     results["scenarios"] = []
-    for i, (name, sc, graphs) in enumerate(plan):
+    for i, (name, sc, graphs, prefill_graphs) in enumerate(plan):
         left = args.deadline - (time.monotonic() - t_start) - 25
         if left < 30:
             results["scenarios"].append({"name": name, "skipped": "no time left"})
@@ -441,16 +446,23 @@ def serve(args) -> int:
             continue
         budget = min(left, args.first_budget if i == 0 else args.budget)
         print(f"--- {name}: budget {budget:.0f} s", flush=True)
-        r = scenario(name, site, model, sc, graphs, out, 30000 + i, budget, env)
+        r = scenario(name, site, model, sc, graphs, out, 30000 + i, budget, env, prefill_graphs)
         results["scenarios"].append(r)
         print(json.dumps({k: r.get(k) for k in ("name", "healthy_after_s", "error", "seconds")}), flush=True)
         for run in r.get("greedy", []):
             print("  ", run.get("prompt_tokens"), run.get("output_ids") or run.get("error"), flush=True)
         save()
     by = {r["name"]: [g.get("output_ids") for g in r.get("greedy", [])] for r in results["scenarios"]}
+    if args.reference:  # an earlier call's results.json: its scenarios compare as "<name> (reference)"
+        ref = json.loads(Path(args.reference).read_text())
+        results["reference"] = {"file": args.reference, "started": ref.get("started"),
+                                "device": ref.get("device", {}).get("nvidia_smi")}
+        for r in ref.get("scenarios", []):
+            if r.get("greedy"):
+                by[f"{r['name']} (reference)"] = [g.get("output_ids") for g in r["greedy"]]
     checks = {}
-    for a, b in (("sidecar-eager", "ram-eager"), ("sidecar-graph", "ram-graph"), ("ram-eager", "ram-graph"),
-                 ("sidecar-eager", "sidecar-graph")):
+    names = list(by)
+    for a, b in [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]:
         if by.get(a) and by.get(b) and len(by[a]) == len(PROMPTS) and len(by[b]) == len(PROMPTS):
             checks[f"{a} == {b}"] = by[a] == by[b]
     results["checks"] = checks
@@ -479,6 +491,7 @@ def main() -> int:
     s.add_argument("--fio-seconds", type=int, default=8, help="per fio job (0: none)")
     s.add_argument("--import-probe", action=argparse.BooleanOptionalAction, default=True,
                    help="import the server's chain once before the servers (about 30 s)")
+    s.add_argument("--reference", help="an earlier call's results.json whose greedy ids the checks compare too")
     s.add_argument("--keep-going", action="store_true",
                    help="start the later scenarios after one failed (by default they are skipped)")
     s.set_defaults(func=serve)

@@ -22,12 +22,18 @@ sglang 0.5.23 (it pins torch 2.14.1), so this script carries what it lacks in on
   layers, PLE on layers 1 and 2, MoE, hyper-connections, the NEXTN draft in ``mtp/``, copy bias 0.5) and its
   sidecar (``sglang-ssd-stream sidecar build``).
 
-``serve`` (on the GPU machine): unpacks into ``/tmp/site``, records versions and the device, checks the import
-chain, then starts ``python -m sglang.launch_server`` once per scenario (``SGLANG_PLUGINS=ssd_stream``, the
+``serve`` (on the GPU machine): unpacks into ``/tmp/site``; puts ``scripts/gpu/flash_attn_standin`` there as
+``flash_attn`` unless the machine has ``flash_attn_varlen_func`` (sglang's QSA decode needs one on SM90; that
+file's docstring says why it cannot be carried); records versions, the device and the disk (``fio``, when the
+machine has it), checks the import chain (``--no-import-probe`` skips it), then starts
+``python -m sglang.launch_server`` once per scenario (``SGLANG_PLUGINS=ssd_stream``, the
 profiles' way), waits for ``/health``, sends the CPU e2e suite's greedy token-id prompts (24, 97, 180 tokens,
 16 out, ``/generate``) and stops the server's process group. Scenarios: ``sidecar-eager`` (the PLE table read
 from the sidecar, ``--disable-cuda-graph``), ``ram-eager`` (no sidecar: the table in GPU memory), then the same
-two with CUDA graphs on (``sidecar-graph``, ``ram-graph``). Writes ``results.json`` (token ids, timings, versions,
+two with decode CUDA graphs on (``sidecar-graph``, ``ram-graph``: ``--cuda-graph-backend-prefill disabled``) and
+with sglang's default prefill graphs too (``sidecar-graph-prefill``, ``ram-graph-prefill``; its breakable
+backend); after a scenario fails the rest are skipped unless ``--keep-going``; ``--reference`` adds an earlier
+call's greedy ids to the equality checks. Writes ``results.json`` (token ids, timings, versions,
 equality checks, the stand-in ops that ran) and one log per scenario under ``--out``.
 
 Exact command (CPU box, repo root; the lock's wheels are fetched once)::
@@ -61,6 +67,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACK = REPO / ".gpu" / "sglang-pack"
 LOCK = REPO / "hashes" / "locks" / "sglang-0.5.23-py312-x86_64.txt"
 STANDIN = Path(__file__).resolve().parent / "sgl_kernel_standin" / "common_ops.py"
+FA_STANDIN = Path(__file__).resolve().parent / "flash_attn_standin" / "__init__.py"
 
 # gpu-e2e-feasibility.md: the distributions the server's import chain needs that the GPU machine lacks, and
 # IPython's lazy dependencies (sglang/utils.py imports IPython.display)
@@ -244,8 +251,8 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 
 def scenario(name: str, site: Path, model: Path, sidecar: Path | None, graphs: bool, out: Path, port: int,
-             budget: float, base_env: dict) -> dict:
-    res: dict = {"name": name, "sidecar": bool(sidecar), "cuda_graphs": graphs}
+             budget: float, base_env: dict, prefill_graphs: bool = False) -> dict:
+    res: dict = {"name": name, "sidecar": bool(sidecar), "cuda_graphs": graphs, "prefill_graphs": prefill_graphs}
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--max-total-tokens", "4096", "--context-length", "256",
            "--max-mamba-cache-size", "64", "--disable-radix-cache", "--allow-auto-truncate",
@@ -253,6 +260,8 @@ def scenario(name: str, site: Path, model: Path, sidecar: Path | None, graphs: b
            "--sampling-backend", "pytorch", "--mem-fraction-static", "0.5", "--max-running-requests", "8"]
     if graphs:
         cmd += ["--cuda-graph-max-bs-decode", "8"]
+        if not prefill_graphs:  # decode graphs only; sglang 0.5.23 also captures prefill graphs by default
+            cmd += ["--cuda-graph-backend-prefill", "disabled"]
     else:
         cmd += ["--disable-cuda-graph"]
     env = dict(base_env)
@@ -294,6 +303,8 @@ def scenario(name: str, site: Path, model: Path, sidecar: Path | None, graphs: b
                                  "logprobs": [e[0] for e in meta["output_token_logprobs"]],
                                  "finish_reason": meta["finish_reason"], "seconds": round(time.monotonic() - t1, 3)})
                 res["greedy"] = runs
+                if any("error" in r for r in runs):
+                    res["error"] = "a greedy request failed: " + next(r["error"] for r in runs if "error" in r)
                 try:
                     with urllib.request.urlopen(f"{url}/get_server_info", timeout=10) as r:
                         info = json.loads(r.read())
@@ -311,9 +322,32 @@ def scenario(name: str, site: Path, model: Path, sidecar: Path | None, graphs: b
     text = log_path.read_text(errors="replace")
     res["plugin_lines"] = [ln for ln in text.splitlines() if "sglang-ssd-stream plugin" in ln][:12]
     res["standin_lines"] = sorted({re.sub(r"pid \d+: ", "", ln) for ln in text.splitlines()
-                                   if "sgl_kernel-standin" in ln and "ran stand-in" in ln})
+                                   if "-standin: " in ln and "ran stand-in" in ln})
     res["log_tail"] = text[-3000:]
     return res
+
+
+def fio(work: Path, seconds: int) -> dict:
+    """The machine's disk where the sidecar is read (``/tmp``), if fio is there: 4 KiB random reads at queue
+    depth 1 and 1 MiB sequential reads, direct I/O, on a 512 MiB file."""
+    exe = shutil.which("fio")
+    if not exe or seconds <= 0:
+        return {"fio": exe or "absent (not on PATH)"}
+    out: dict = {"fio": exe, "version": sh(f"{exe} --version"), "dir": str(work), "df": sh(f"df -hT {work}")}
+    for name, extra in (("randread-4k-qd1", "--rw=randread --bs=4k --iodepth=1"),
+                        ("seqread-1m-qd8", "--rw=read --bs=1m --iodepth=8")):
+        cmd = (f"{exe} --name={name} --filename={work}/fio.dat --size=512m --direct=1 --ioengine=libaio "
+               f"{extra} --runtime={seconds} --time_based --output-format=json")
+        p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=seconds + 120)
+        try:
+            job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]
+            out[name] = {"command": cmd, "iops": round(job["iops"]), "bw_MiB_s": round(job["bw"] / 1024, 1),
+                         "lat_mean_us": round(job["lat_ns"]["mean"] / 1e3, 1),
+                         "lat_p99_us": round(job["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1e3, 1)}
+        except (ValueError, KeyError, IndexError):
+            out[name] = {"command": cmd, "rc": p.returncode, "output": (p.stdout + p.stderr)[-1500:]}
+    Path(f"{work}/fio.dat").unlink(missing_ok=True)
+    return out
 
 
 def serve(args) -> int:
@@ -341,6 +375,17 @@ def serve(args) -> int:
         for sub in ("sm90", "sm100"):
             shutil.copy2(standin, site / "sgl_kernel" / sub / "common_ops.py")
         results["standin_sha256"] = sha256(standin)
+    # flash_attn (QSA decode on SM90): the machine's own if it has one, else the stand-in (its docstring says why)
+    has_fa = subprocess.run([sys.executable, "-c", "from flash_attn import flash_attn_varlen_func"],
+                            capture_output=True, text=True)
+    fa = next((p for p in (FA_STANDIN, Path(__file__).resolve().parent / "flash_attn_standin.py") if p.exists()),
+              None)
+    results["flash_attn"] = {"machine_has_flash_attn_varlen_func": has_fa.returncode == 0,
+                             "probe": (has_fa.stderr or has_fa.stdout).strip()[-300:]}
+    if has_fa.returncode != 0 and fa:
+        (site / "flash_attn").mkdir(exist_ok=True)
+        shutil.copy2(fa, site / "flash_attn" / "__init__.py")
+        results["flash_attn"]["standin_sha256"] = sha256(fa)
     results["install"]["seconds"] = round(time.monotonic() - t, 1)
     model, sidecar = work / "qwen4_exp", work / "sidecar"
 
@@ -376,33 +421,48 @@ def serve(args) -> int:
              "          'flashinfer-python', 'apache-tvm-ffi']:\n"
              "    try: print(d, md.version(d))\n"
              "    except Exception as e: print(d, 'absent')\n")
-    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=240)
-    (out / "import.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
-    results["import_probe"] = {"rc": p.returncode, "stdout": p.stdout[-4000:]}
+    results["fio"] = fio(work, args.fio_seconds)
     save()
-    print(p.stdout[-3000:], flush=True)
+    if args.import_probe:
+        p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=240)
+        (out / "import.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
+        results["import_probe"] = {"rc": p.returncode, "stdout": p.stdout[-4000:]}
+        save()
+        print(p.stdout[-3000:], flush=True)
 
-    plan = [("sidecar-eager", sidecar, False), ("ram-eager", None, False),
-            ("sidecar-graph", sidecar, True), ("ram-graph", None, True)]
-    plan = [s for s in plan if s[0] in args.scenarios.split(",")]
+    plan = {"sidecar-eager": (sidecar, False, False), "ram-eager": (None, False, False),
+            "sidecar-graph": (sidecar, True, False), "ram-graph": (None, True, False),
+            "sidecar-graph-prefill": (sidecar, True, True), "ram-graph-prefill": (None, True, True)}
+    plan = [(name, *plan[name]) for name in args.scenarios.split(",") if name in plan]
     results["scenarios"] = []
-    for i, (name, sc, graphs) in enumerate(plan):
+    for i, (name, sc, graphs, prefill_graphs) in enumerate(plan):
         left = args.deadline - (time.monotonic() - t_start) - 25
         if left < 30:
             results["scenarios"].append({"name": name, "skipped": "no time left"})
             continue
+        failed = [r["name"] for r in results["scenarios"] if r.get("error")]
+        if failed and not args.keep_going:
+            results["scenarios"].append({"name": name, "skipped": f"{failed[0]} failed (--keep-going runs on)"})
+            continue
         budget = min(left, args.first_budget if i == 0 else args.budget)
         print(f"--- {name}: budget {budget:.0f} s", flush=True)
-        r = scenario(name, site, model, sc, graphs, out, 30000 + i, budget, env)
+        r = scenario(name, site, model, sc, graphs, out, 30000 + i, budget, env, prefill_graphs)
         results["scenarios"].append(r)
         print(json.dumps({k: r.get(k) for k in ("name", "healthy_after_s", "error", "seconds")}), flush=True)
         for run in r.get("greedy", []):
             print("  ", run.get("prompt_tokens"), run.get("output_ids") or run.get("error"), flush=True)
         save()
     by = {r["name"]: [g.get("output_ids") for g in r.get("greedy", [])] for r in results["scenarios"]}
+    if args.reference:  # an earlier call's results.json: its scenarios compare as "<name> (reference)"
+        ref = json.loads(Path(args.reference).read_text())
+        results["reference"] = {"file": args.reference, "started": ref.get("started"),
+                                "device": ref.get("device", {}).get("nvidia_smi")}
+        for r in ref.get("scenarios", []):
+            if r.get("greedy"):
+                by[f"{r['name']} (reference)"] = [g.get("output_ids") for g in r["greedy"]]
     checks = {}
-    for a, b in (("sidecar-eager", "ram-eager"), ("sidecar-graph", "ram-graph"), ("ram-eager", "ram-graph"),
-                 ("sidecar-eager", "sidecar-graph")):
+    names = list(by)
+    for a, b in [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]:
         if by.get(a) and by.get(b) and len(by[a]) == len(PROMPTS) and len(by[b]) == len(PROMPTS):
             checks[f"{a} == {b}"] = by[a] == by[b]
     results["checks"] = checks
@@ -428,6 +488,12 @@ def main() -> int:
     s.add_argument("--first-budget", type=float, default=300.0, help="seconds for the first server to serve")
     s.add_argument("--budget", type=float, default=150.0, help="seconds for each later server")
     s.add_argument("--scenarios", default="sidecar-eager,ram-eager,sidecar-graph,ram-graph")
+    s.add_argument("--fio-seconds", type=int, default=8, help="per fio job (0: none)")
+    s.add_argument("--import-probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="import the server's chain once before the servers (about 30 s)")
+    s.add_argument("--reference", help="an earlier call's results.json whose greedy ids the checks compare too")
+    s.add_argument("--keep-going", action="store_true",
+                   help="start the later scenarios after one failed (by default they are skipped)")
     s.set_defaults(func=serve)
     args = ap.parse_args()
     return args.func(args) or 0

@@ -235,6 +235,29 @@ def _save(path: Path, tensors: dict, config: dict | None = None) -> Path:
     return path
 
 
+def test_a_shard_written_while_it_is_hashed_is_refused(tmp_path, monkeypatch):
+    """A download still writing the checkpoint: a shard whose stat moved while its regions were hashed is refused,
+    naming it, and no manifest is written."""
+    from sglang_ssd_stream.sidecar import in_place
+
+    ck = _checkpoint(tmp_path / "ckpt", files=2, seed=11)
+    real, written = in_place.sha256_file, []
+
+    def hash_then_write(file, **kw):
+        digest = real(file, **kw)
+        if not written:  # the writer appends to the first shard once its first region is hashed
+            with open(file, "ab") as f:
+                f.write(b"\0")
+            written.append(Path(file))
+        return digest
+
+    monkeypatch.setattr(in_place, "sha256_file", hash_then_write)
+    with pytest.raises(SidecarCheckpointError, match=r"was written while its PLE regions were hashed") as err:
+        build_in_place(ck.path, progress=False)
+    assert written and str(written[0]) in str(err.value)
+    assert not (ck.path / "ssd-stream.json").exists()
+
+
 def test_a_dtype_the_engines_convert_is_refused_naming_the_tensor(tmp_path):
     import torch
 

@@ -9,6 +9,7 @@ and no fewer lookups than the scheduler's own log line counted before.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -16,27 +17,14 @@ import pytest
 from sglang_ssd_stream.ple_metrics import series as S
 
 from ..ple_metrics.prometheus_server import skip_or_fail
+from ..ple_metrics.scrape import by_layer
+from ..ple_metrics.scrape import samples as _samples
 
-
-def _samples(text: str) -> dict:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+_by_layer = functools.partial(by_layer, engine="sglang")  # every series of this server is sglang's, of rank 0
 
 
 def _lines(sc, pattern: str) -> list[str]:
     return [line for line in sc.log.splitlines() if re.search(pattern, line)]
-
-
-def _by_layer(samples: dict, name: str) -> dict[str, float]:
-    out = {}
-    for (n, labels), v in samples.items():
-        if n == name:
-            lab = dict(labels)
-            assert (lab["engine"], lab["tp_rank"], lab["pp_rank"]) == ("sglang", "0", "0"), lab
-            out[lab["layer"]] = v
-    return out
 
 
 def test_the_kits_series_are_in_sglangs_metrics_and_agree_with_the_row_caches(qwen4_mtp_sidecar):

@@ -10,6 +10,7 @@ worker's own activity line counted before; vLLM's own series are still there.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -17,23 +18,10 @@ import pytest
 from sglang_ssd_stream.ple_metrics import series as S
 
 from ..ple_metrics.prometheus_server import skip_or_fail
+from ..ple_metrics.scrape import by_layer
+from ..ple_metrics.scrape import samples as _samples
 
-
-def _samples(text: str) -> dict:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def _by_layer(samples: dict, name: str) -> dict[str, float]:
-    out = {}
-    for (n, labels), v in samples.items():
-        if n == name:
-            lab = dict(labels)
-            assert (lab["engine"], lab["tp_rank"], lab["pp_rank"]) == ("vllm", "0", "0"), lab
-            out[lab["layer"]] = v
-    return out
+_by_layer = functools.partial(by_layer, engine="vllm")  # every series of this server is vllm's, of rank 0
 
 
 def test_the_kits_series_are_in_vllms_metrics_and_agree_with_the_row_caches(streamed_mmap_mtp):

@@ -19,6 +19,9 @@ import pytest
 
 from sglang_ssd_stream.ple_metrics import series as S
 
+from .scrape import samples as parse
+from .scrape import value
+
 REPO = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent(r"""
@@ -90,20 +93,10 @@ def scrape(directory: Path) -> dict[tuple[str, frozenset], float]:
     """What the engines' ``/metrics`` serves from ``directory``: {(sample name, labels): value}."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
-    from prometheus_client.parser import text_string_to_metric_families
 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))
-    text = generate_latest(registry).decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples: dict, name: str, **labels) -> float:
-    want = frozenset({k: str(v) for k, v in labels.items()}.items())
-    found = [v for (n, lab), v in samples.items() if n == name and want <= lab]
-    assert len(found) == 1, (name, labels, found)
-    return found[0]
+    return parse(generate_latest(registry).decode())
 
 
 def test_series_are_unique_prefixed_and_labelled():

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.ple_metrics.scrape import samples as parse
+from tests.ple_metrics.scrape import value
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -38,21 +41,11 @@ def _scrape() -> dict:
     """``GET /metrics`` of an app carrying sglang's own metrics route: {(name, labels): value}."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
-    from prometheus_client.parser import text_string_to_metric_families
     from sglang.srt.utils.common import add_prometheus_middleware
 
     app = FastAPI()
     add_prometheus_middleware(app)
-    text = TestClient(app).get("/metrics").text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def _value(samples: dict, name: str, **labels) -> float:
-    want = frozenset(labels.items())
-    found = [v for (n, lab), v in samples.items() if n == name and want <= lab]
-    assert len(found) == 1, (name, labels, found, sorted({n for n, _ in samples if n.startswith("ssd_stream")}))
-    return found[0]
+    return parse(TestClient(app).get("/metrics").text)
 
 
 def test_series_in_sglangs_metrics_equal_the_row_caches_stats(env, monkeypatch, tmp_path):
@@ -78,12 +71,12 @@ def test_series_in_sglangs_metrics_equal_the_row_caches_stats(env, monkeypatch, 
     lab = {"engine": "sglang", "layer": str(B.LAYER)}
     for s in S.ROW_CACHE_SERIES:
         if s.stat:
-            assert _value(samples, s.sample, **lab) == st[s.stat], (s.name, st)
-    assert _value(samples, S.HITS.sample, **lab) + _value(samples, S.MISSES.sample, **lab) == st["lookups"] > 0
-    assert _value(samples, S.BYTES_READ.sample, **lab) == st["pages_read"] * 4096 > 0
-    assert _value(samples, S.ON_DEMAND.sample, **lab) + _value(samples, S.AHEAD.sample, **lab) == st["rows_read"]
-    assert _value(samples, S.EXPOSED_SECONDS.sample, **lab) == len(lookups)  # the refused one waited for nothing
-    assert _value(samples, S.REFUSALS.sample, engine="sglang", reason="row_out_of_range") == 1
+            assert value(samples, s.sample, **lab) == st[s.stat], (s.name, st)
+    assert value(samples, S.HITS.sample, **lab) + value(samples, S.MISSES.sample, **lab) == st["lookups"] > 0
+    assert value(samples, S.BYTES_READ.sample, **lab) == st["pages_read"] * 4096 > 0
+    assert value(samples, S.ON_DEMAND.sample, **lab) + value(samples, S.AHEAD.sample, **lab) == st["rows_read"]
+    assert value(samples, S.EXPOSED_SECONDS.sample, **lab) == len(lookups)  # the refused one waited for nothing
+    assert value(samples, S.REFUSALS.sample, engine="sglang", reason="row_out_of_range") == 1
     # the ranks are sglang's parallel state's: the stand-in's load states TP rank 1 of 2 and no PP rank (empty), as
     # the hot file's role shows; a server's scheduler has both (the e2e scenario's tp_rank="0", pp_rank="0")
     ranks = {(dict(lab_)["tp_rank"], dict(lab_)["pp_rank"]) for (n, lab_) in samples if n == S.LOOKUPS.sample}

@@ -15,6 +15,8 @@ import os
 
 import pytest
 
+from tests.ple_metrics.scrape import samples as parse
+from tests.ple_metrics.scrape import value
 from tests.vllm import harness
 from tests.vllm.checks.check_row_cache import lookups, runners, settings, sidecar  # noqa: F401 - fixtures
 
@@ -28,21 +30,11 @@ def tp1():
 def _scrape() -> dict:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
-    from prometheus_client.parser import text_string_to_metric_families
     from vllm.entrypoints.serve.instrumentator.metrics import attach_router
 
     app = FastAPI()
     attach_router(app)
-    text = TestClient(app).get("/metrics").text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def _value(samples: dict, name: str, **labels) -> float:
-    want = frozenset(labels.items())
-    found = [v for (n, lab), v in samples.items() if n == name and want <= lab]
-    assert len(found) == 1, (name, labels, found, sorted({n for n, _ in samples if n.startswith("ssd_stream")}))
-    return found[0]
+    return parse(TestClient(app).get("/metrics").text)
 
 
 def test_series_in_vllms_metrics_equal_the_row_caches_stats(tmp_path, monkeypatch, runners):  # noqa: F811
@@ -68,17 +60,17 @@ def test_series_in_vllms_metrics_equal_the_row_caches_stats(tmp_path, monkeypatc
     lab = {"engine": "vllm", "layer": str(emb.table.layer), "tp_rank": "0", "pp_rank": "0"}
     for s in S.ROW_CACHE_SERIES:
         if s.stat:
-            assert _value(samples, s.sample, **lab) == st[s.stat], (s.name, st)
-    assert _value(samples, S.LOOKUPS.sample, **lab) == sum(ids.numel() for _, ids in done)
-    assert _value(samples, S.HITS.sample, **lab) + _value(samples, S.MISSES.sample, **lab) == st["lookups"]
-    assert _value(samples, S.BYTES_READ.sample, **lab) == st["pages_read"] * 4096 > 0
-    assert _value(samples, S.ON_DEMAND.sample, **lab) + _value(samples, S.AHEAD.sample, **lab) == st["rows_read"]
-    assert _value(samples, S.EXPOSED_SECONDS.sample, **lab) == len(done)
-    assert _value(samples, S.READ_SECONDS.sample, **lab) == len(done)
-    assert _value(samples, "vllm:stand_in_requests_total") == 1  # the engine's own series, in the same scrape
+            assert value(samples, s.sample, **lab) == st[s.stat], (s.name, st)
+    assert value(samples, S.LOOKUPS.sample, **lab) == sum(ids.numel() for _, ids in done)
+    assert value(samples, S.HITS.sample, **lab) + value(samples, S.MISSES.sample, **lab) == st["lookups"]
+    assert value(samples, S.BYTES_READ.sample, **lab) == st["pages_read"] * 4096 > 0
+    assert value(samples, S.ON_DEMAND.sample, **lab) + value(samples, S.AHEAD.sample, **lab) == st["rows_read"]
+    assert value(samples, S.EXPOSED_SECONDS.sample, **lab) == len(done)
+    assert value(samples, S.READ_SECONDS.sample, **lab) == len(done)
+    assert value(samples, "vllm:stand_in_requests_total") == 1  # the engine's own series, in the same scrape
     emb.row_cache.close()  # a reader closed under the model (as after a fatal read): the next lookup is refused
     ids, qsl, ctx = harness.ngram_batch(0)
     with pytest.raises(Exception) as refused:
         model.start_prefetch(ids, qsl, ctx)
     assert type(refused.value).__name__ == "SidecarReaderUnusable", refused.value
-    assert _value(_scrape(), S.REFUSALS.sample, engine="vllm", reason="reader_unusable") == 1
+    assert value(_scrape(), S.REFUSALS.sample, engine="vllm", reason="reader_unusable") == 1

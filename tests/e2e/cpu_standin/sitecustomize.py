@@ -6,6 +6,7 @@ try:
     import ssd_stream_cpu_standin
 
     ssd_stream_cpu_standin.arm()
+    import tests.triton_interpreter  # noqa: F401 - arms itself: the interpreter without its repeated bookkeeping
 except Exception as exc:  # noqa: BLE001 - a broken stand-in must be loud, not silently absent
     import sys
 

@@ -797,7 +797,10 @@ def run_server(s: Server, ctx: dict, port: int, budget: float) -> dict:
                     res["spec"] = spec_stats(res.get("greedy") if isinstance(res.get("greedy"), list) else [],
                                              log_path.read_text(errors="replace"), metrics, steps)
                 res["gpu_memory"] = gpu_memory(proc.pid)
-                res["plan"] = kit_plan(s, ctx["model"], ctx["work"], env, ctx.get("device_gib"), page or PAGE)
+                try:
+                    res["plan"] = kit_plan(s, ctx["model"], ctx["work"], env, ctx.get("device_gib"), page or PAGE)
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    res["plan"] = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             stop_group(proc)
     res["seconds"] = round(time.monotonic() - t0, 1)
@@ -885,7 +888,8 @@ def serve(args) -> int:
     t_start = time.monotonic()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    site, work = Path("/tmp/site"), Path("/tmp/sg")
+    tmp = Path(args.tmp)
+    site, work = tmp / "site", tmp / "sg"
     names = [n for n in args.scenarios.split(",") if n]
     servers = build_servers(names, args.graphs, args.trunc_mtp)
     results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv, "dry_run": args.dry_run,
@@ -904,7 +908,7 @@ def serve(args) -> int:
         results["speculative"] = record
         results["servers"] = [{"name": s.name, "serves": s.serves, "works": s.works,
                                "command": " ".join(server_command(s, "python3", model, 30000 + i, spec)),
-                               "env": {k: v for k, v in server_env(s, env, sidecar, Path("/tmp/site-pristine")).items()
+                               "env": {k: v for k, v in server_env(s, env, sidecar, tmp / "site-pristine").items()
                                        if k.startswith(("SGLANG", "SSD")) or (s.pristine and k == "PYTHONPATH")},
                                "plan_command": "sglang-ssd-stream " + " ".join(plan_args(s, model, None, PAGE))}
                               for i, s in enumerate(servers)]
@@ -988,7 +992,7 @@ def serve(args) -> int:
         print(p.stdout[-3000:], flush=True)
 
     ctx = {"args": args, "model": model, "sidecar": sidecar, "work": work, "out": out, "env": env, "site": site,
-           "pristine_site": Path("/tmp/site-pristine"), "probes_root": probes_root(), "device_gib": device_gib,
+           "pristine_site": tmp / "site-pristine", "probes_root": probes_root(), "device_gib": device_gib,
            "deadline_at": t_start + args.deadline, "spec": [], "spec_record": {"kept": {}, "dropped": {}}}
     pf = ctx["probes_root"] / "tests" / "e2e" / "probes.py"
     results["probes"] = {"file": str(pf), "sha256": sha256(pf) if pf.exists() else None}
@@ -999,7 +1003,11 @@ def serve(args) -> int:
             results["speculative_error"] = str(exc)
         results["speculative"] = ctx["spec_record"]
     if any(s.pristine for s in servers):
-        ctx["pristine"] = results["pristine_site"] = make_pristine_site(carry, site, ctx["pristine_site"], env)
+        try:
+            ctx["pristine"] = make_pristine_site(carry, site, ctx["pristine_site"], env)
+        except Exception as exc:  # noqa: BLE001 - recorded; the pristine server is then not started
+            ctx["pristine"] = {"pristine": False, "error": f"{type(exc).__name__}: {exc}"}
+        results["pristine_site"] = ctx["pristine"]
     save()
 
     results["scenarios"] = []
@@ -1135,6 +1143,7 @@ def main() -> int:
                    help="seconds each §8 request may take before it counts as never answering")
     s.add_argument("--survey-budget", type=float, default=150.0, help="seconds for the malformed-request survey")
     s.add_argument("--cold-budget", type=float, default=90.0, help="seconds for a server's two cold prompts")
+    s.add_argument("--tmp", default="/tmp", help="where site/, site-pristine/ and sg/ (model, sidecar) are unpacked")
     s.add_argument("--dry-run", action="store_true",
                    help="print each server's command, environment and work (no carry, nothing started) and write "
                         "results.json's plan")

@@ -32,9 +32,30 @@ profiles' way), waits for ``/health``, sends the CPU e2e suite's greedy token-id
 from the sidecar, ``--disable-cuda-graph``), ``ram-eager`` (no sidecar: the table in GPU memory), then the same
 two with decode CUDA graphs on (``sidecar-graph``, ``ram-graph``: ``--cuda-graph-backend-prefill disabled``) and
 with sglang's default prefill graphs too (``sidecar-graph-prefill``, ``ram-graph-prefill``; its breakable
-backend); after a scenario fails the rest are skipped unless ``--keep-going``; ``--reference`` adds an earlier
-call's greedy ids to the equality checks. Writes ``results.json`` (token ids, timings, versions,
-equality checks, the stand-in ops that ran) and one log per scenario under ``--out``.
+backend). Issue 40's other items, each on a server it shares where the flags agree (``--graphs eager|graph|
+graph-prefill`` picks their CUDA graphs; ``--dry-run`` prints every server's command, environment and work):
+
+* ``mtp-sidecar``: the same greedy prompts with MTP off (``sidecar-<graphs>``) and on (``mtp-sidecar-<graphs>``:
+  the thor profile's speculative flags as the carried kit defines them, NEXTN 3/1/4 with the draft in ``mtp/``;
+  FP8 draft KV and ReplaySSM dropped, each with its reason), ids compared; acceptance from the responses'
+  verify counts, sglang's decode lines and ``/metrics``;
+* ``trunc-patched`` / ``trunc-pristine`` (write-up 000 §8, the CPU suite's ``probes.MTP_TRUNCATION`` and
+  ``FITS``, imported): over-long prompts with ``--allow-auto-truncate`` and 8 or 1 tokens, on the MTP server
+  (patched) and on a pristine one (sglang's files extracted again and reverted by the kit's ``patch revert``,
+  first on its PYTHONPATH, the escape knob ``SGLANG_SSD_STREAM_ALLOW_UNPATCHED=1``); each request bounded by
+  ``--trunc-bound`` (a request still running then is recorded as never answering); patched is judged as
+  test_2/test_5 judge it, pristine is recorded;
+* ``cold-prompt``: a 2,304-token prompt twice (sidecar pages dropped from the page cache before each), time to
+  first token, row cache off (``cold-off-*``) and on (``cold-on-*``, 1,024 MiB); ``fio`` if the machine has it,
+  else Python ``O_DIRECT`` reads labelled as the fallback;
+* ``survey``: the CPU suite's malformed-request survey (``probes.malformed``, imported) on the MTP-off server;
+* per server: its GPU memory from nvidia-smi (its process group) beside the kit's ``plan`` for the same flags.
+
+Each work has its budget (``--greedy-budget``, ``--trunc-bound``, ``--survey-budget``, ``--cold-budget``), each
+server ``--first-budget``/``--budget``, the whole ``--deadline``; after a server fails the rest are skipped unless
+``--keep-going``; ``--reference`` adds an earlier call's greedy ids to the equality checks. Writes
+``results.json`` (token ids, timings, versions, equality checks, per-scenario verdicts, the stand-in ops that
+ran) and one log per server under ``--out``.
 
 Exact command (CPU box, repo root; the lock's wheels are fetched once)::
 
@@ -43,6 +64,8 @@ Exact command (CPU box, repo root; the lock's wheels are fetched once)::
 then on the GPU machine (``run`` with ``carry=[".gpu/sglang-pack/carry"]``)::
 
     python3 scripts/gpu/sglang_server_gpu.py serve --carry .gpu/sglang-pack/carry --out $OUT --deadline 560
+
+(``benchmarks/gpu_server/README.md``, "Next call", has each call's exact scenarios and budgets.)
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ from pathlib import Path
 from .errors import ModelConfigError, PlanRefused
 
 GIB = 1 << 30
+# config.json layer_types sglang 0.5.23 counts as attention (configs/qwen4_exp.py layers_block_type) and as GDN
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "qwen_sparse_attention", "indexed_attention"})
+LINEAR_LAYER_TYPE = "linear_attention"
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "auto": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1,
                "float32": 4}
 
@@ -68,7 +71,7 @@ class Geometry:
     linear_layers: int
     kv_heads: int
     head_dim: int
-    mtp_layers: int
+    mtp_layers: int | None  # None: the config does not say (only a plan that drafts needs it)
     qsa_index_kv_heads: int = 0
     qsa_index_head_dim: int = 0
     qsa_compress_ratio: int = 1
@@ -105,13 +108,19 @@ def load_geometry(config_path: str | os.PathLike) -> Geometry:
     if types:
         if len(types) != n:
             raise ModelConfigError(f"{path}: layer_types has {len(types)} entries for {n} layers")
-        full = sum(1 for t in types if t == "full_attention")
+        unknown = sorted(set(types) - ATTENTION_LAYER_TYPES - {LINEAR_LAYER_TYPE})
+        if unknown:
+            raise ModelConfigError(f"{path}: layer type(s) {', '.join(map(repr, unknown))} unknown to the planner "
+                                   f"(it knows {', '.join(sorted(ATTENTION_LAYER_TYPES | {LINEAR_LAYER_TYPE}))})")
+        full = sum(1 for t in types if t in ATTENTION_LAYER_TYPES)
     else:
         interval = int(_field(cfg, "full_attention_interval", path))  # Qwen3-Next: every 4th layer
         full = n // interval
     heads = int(_field(cfg, "num_key_value_heads", path))
     head_dim = int(_field(cfg, "head_dim", path))
-    mtp = int(_field(cfg, "mtp_num_hidden_layers", path, "num_nextn_predict_layers"))
+    # Needed only when a plan drafts (plan() refuses then); a config without it is planned with MTP off.
+    mtp = cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers"))
+    mtp = None if mtp is None else int(mtp)
     g = dict(num_layers=n, full_attention_layers=full, linear_layers=n - full, kv_heads=heads, head_dim=head_dim,
              mtp_layers=mtp)
     if cfg.get("indexer_n_heads") is not None:  # compressed QSA (sglang qsa/config.py)
@@ -125,6 +134,8 @@ def load_geometry(config_path: str | os.PathLike) -> Geometry:
                  gdn_value_dim=int(_field(cfg, "linear_value_head_dim", path)),
                  gdn_conv_kernel=int(_field(cfg, "linear_conv_kernel_dim", path)))
     for k, v in g.items():
+        if v is None:
+            continue
         if v < 0 or (k in ("num_layers", "kv_heads", "head_dim", "qsa_compress_ratio") and v == 0):
             raise ModelConfigError(f"{path}: {k}={v} is impossible")
     return Geometry(**g)
@@ -242,9 +253,14 @@ def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: 
     # Per rank: KV heads are split over TP ranks and replicated when TP exceeds them (2 heads, TP4 -> 1 each).
     heads = -(-g.kv_heads // tensor_parallel)
     target = kv_bytes_per_token(g.full_attention_layers, heads, g.head_dim, target_kv_dtype)
+    if draft_steps and g.mtp_layers is None:
+        raise PlanRefused("the plan drafts (MTP) but the config gives neither mtp_num_hidden_layers nor "
+                          "num_nextn_predict_layers; the planner will not guess the draft's layer count")
     draft = kv_bytes_per_token(g.mtp_layers, heads, g.head_dim, draft_kv_dtype) if draft_steps else 0
     qsa = qsa_bytes_per_token(g, qsa_dtype)
     per_token = target + draft + qsa
+    if not per_token:
+        raise PlanRefused("the config has no attention layer, so no KV per token: nothing to plan a pool for")
     slot = mamba_bytes_per_slot(g, ssm_dtype) if g.linear_layers else 0
     mamba_total = slot * mamba_slots
 

@@ -379,3 +379,46 @@ def test_row_cache_budget_sources():
     assert row_cache_budget(knob, {K: "5"}, {}, override_mb=0)["mib"] == 0
     with pytest.raises(PlanRefused, match=f"{K}='x' is not an integer number of MiB"):
         row_cache_budget(knob, {}, {K: "x"})
+
+
+def _gdn_plus(tmp_path, attention_type, **extra):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 4, "num_key_value_heads": 1, "head_dim": 8,
+                               "layer_types": ["linear_attention"] * 3 + [attention_type],
+                               "linear_num_value_heads": 1, "linear_num_key_heads": 1, "linear_key_head_dim": 1,
+                               "linear_value_head_dim": 1, "linear_conv_kernel_dim": 4, **extra}))
+    return cfg
+
+
+@pytest.mark.parametrize("kind", ["full_attention", "qwen_sparse_attention", "indexed_attention"])
+def test_every_layer_type_sglang_counts_as_attention_holds_kv(tmp_path, kind):
+    # sglang 0.5.23 (configs/qwen4_exp.py layers_block_type) gives each of these a KV cache; a QSA layer named
+    # "indexed_attention" was counted as neither, so the plan said 0 bytes of KV per token
+    g = load_geometry(_gdn_plus(tmp_path, kind, mtp_num_hidden_layers=1))
+    assert (g.full_attention_layers, g.linear_layers) == (1, 3)
+    p = plan(g, context_length=64, pool_tokens=128, running=1, draft_steps=0, mamba_slots=None, page_size=64)
+    assert p.bytes_per_token["target_kv"] == 1 * 1 * 8 * 2 * 2
+
+
+def test_an_unknown_layer_type_is_refused_by_name(tmp_path):
+    with pytest.raises(ModelConfigError, match="layer type\\(s\\) 'sliding_attention' unknown to the planner"):
+        load_geometry(_gdn_plus(tmp_path, "sliding_attention", mtp_num_hidden_layers=1))
+
+
+def test_without_a_draft_layer_count_mtp_off_is_planned_and_a_draft_refused(tmp_path):
+    g = load_geometry(_gdn_plus(tmp_path, "indexed_attention"))  # neither mtp field
+    assert g.mtp_layers is None
+    p = plan(g, context_length=64, pool_tokens=128, running=1, draft_steps=0, mamba_slots=None, page_size=64)
+    assert p.bytes_per_token["draft_kv"] == 0
+    with pytest.raises(PlanRefused, match="neither mtp_num_hidden_layers nor num_nextn_predict_layers"):
+        plan(g, context_length=64, pool_tokens=128, running=1, draft_steps=3, mamba_slots=None, page_size=64)
+
+
+def test_no_attention_layer_is_refused_not_divided_by_zero(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 1, "layer_types": ["linear_attention"], "num_key_value_heads": 1,
+                               "head_dim": 8, "linear_num_value_heads": 1, "linear_num_key_heads": 1,
+                               "linear_key_head_dim": 1, "linear_value_head_dim": 1, "linear_conv_kernel_dim": 4}))
+    with pytest.raises(PlanRefused, match="no attention layer, so no KV per token"):
+        plan(load_geometry(cfg), context_length=64, pool_tokens=None, running=1, draft_steps=0, mamba_slots=None,
+             page_size=64, device_memory_gib=8, mem_fraction=0.5, weights_gib=1)

@@ -166,11 +166,14 @@ class MappedReader:
                 self._regions = RegionIndex(table)
                 self._region_file = np.array(files.file_of, np.int64)
                 self._span_start = np.array([spans.get(f, (0, 0))[0] for f in range(len(files.fds))], np.int64)
-                # a row at any byte, nothing copied: one row_bytes-wide void item per byte (stride 1). Whole items,
-                # because numpy scatters [n, row_bytes] uint8 rows into `out` byte by byte: 7x slower at 32K rows
-                self._row_item = np.dtype((np.void, rb))
+                # a row at any byte: [bytes - row_bytes + 1, row_bytes] with strides (1, 1), nothing copied. Gathered
+                # as uint8 bytes: numpy releases the GIL only past 500 elements, so a pool task's few rows gathered
+                # as 160-B items would hold it through their page faults (serialized: 12x slower cold)
                 self._windows = {f: as_strided(b, shape=(b.size - rb + 1, rb), strides=(1, 1), writeable=False)
-                                 .view(self._row_item)[:, 0] for f, b in base.items()}
+                                 for f, b in base.items()}
+                # ...but scattered into `out` as whole row items: numpy scatters [n, row_bytes] uint8 rows byte by
+                # byte (7x slower at 32K rows); the gathered rows are in memory, no fault holds the GIL there
+                self._row_item = np.dtype((np.void, rb))
         except BaseException:
             self._views = self._rows = None
             for m in self._maps:
@@ -299,13 +302,13 @@ class MappedReader:
         region, offsets = self._regions.locate(ids)
         f = self._region_file[region]
         offsets -= self._span_start[f]
-        dst = out.view(self._row_item)[:, 0]  # out is C-contiguous (check_out)
         if len(self._windows) == 1:
-            dst[...] = self._windows[int(f[0])][offsets]  # never np.take: it copies a strided window whole first
+            out[...] = self._windows[int(f[0])][offsets]  # never np.take: it copies a strided window whole first
             return
+        dst = out.view(self._row_item)[:, 0]  # out is C-contiguous (check_out)
         for k in np.flatnonzero(np.bincount(f, minlength=self._region_file.max() + 1)):  # the files it touches
             pos = np.flatnonzero(f == k)
-            dst[pos] = self._windows[int(k)][offsets[pos]]
+            dst[pos] = self._windows[int(k)][offsets[pos]].view(self._row_item)[:, 0]
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0

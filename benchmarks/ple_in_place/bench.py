@@ -17,7 +17,8 @@ CPU box (as run for the committed results, 2 GiB table; refuses to leave less th
 
 GPU box (the repository carried as source; data generated there under $OUT; under 4 minutes):
 
-    PYTHONPATH=. python benchmarks/ple_in_place/bench.py --quick --out $OUT/ple_in_place --work /tmp/ple-in-place
+    BENCH_COMMIT=<commit> PYTHONPATH=. python3 benchmarks/ple_in_place/bench.py --quick \
+        --out $OUT/ple_in_place --work /tmp/ple-in-place
 
 The JSON (``results.json`` in --out) holds the exact command, machine facts, the commit and every sample.
 """

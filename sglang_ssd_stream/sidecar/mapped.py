@@ -60,6 +60,7 @@ DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk
 # A page-cache row copies in ~30-60 ns, a page fault to disk takes ~20-100 us: a chunk slower than
 # this per row is faulting, and the rest of the lookup goes to the pool.
 SLOW_ROW_S = 1e-6
+GATHER_CALL_S = 10e-6  # the numpy calls of one shard file's gather in an in-place table (~5 us measured)
 PROBE_ROWS = 64  # the first inline chunk: a cold decode batch learns it is faulting after 64 rows, not all of them
 
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
@@ -165,9 +166,14 @@ class MappedReader:
                 self._regions = RegionIndex(table)
                 self._region_file = np.array(files.file_of, np.int64)
                 self._span_start = np.array([spans.get(f, (0, 0))[0] for f in range(len(files.fds))], np.int64)
-                # a row at any byte: [bytes - row_bytes + 1, row_bytes] with strides (1, 1), nothing copied
+                # a row at any byte: [bytes - row_bytes + 1, row_bytes] with strides (1, 1), nothing copied. Gathered
+                # as uint8 bytes: numpy releases the GIL only past 500 elements, so a pool task's few rows gathered
+                # as 160-B items would hold it through their page faults (serialized: 12x slower cold)
                 self._windows = {f: as_strided(b, shape=(b.size - rb + 1, rb), strides=(1, 1), writeable=False)
                                  for f, b in base.items()}
+                # ...but scattered into `out` as whole row items: numpy scatters [n, row_bytes] uint8 rows byte by
+                # byte (7x slower at 32K rows); the gathered rows are in memory, no fault holds the GIL there
+                self._row_item = np.dtype((np.void, rb))
         except BaseException:
             self._views = self._rows = None
             for m in self._maps:
@@ -176,6 +182,9 @@ class MappedReader:
             raise
         if not faulthandler.is_enabled():
             faulthandler.enable(all_threads=True)  # a media error under the mapping is a SIGBUS: say where
+        # an in-place table gathers once per shard file a chunk touches: fixed numpy calls a warm probe must not
+        # take for page faults (they sent warm 1,024-row lookups to the pool, 9x slower than the copy's)
+        self._gather_s = 0.0 if self._rows is not None else len(self._windows) * GATHER_CALL_S
         self._pool = shared_pool(self.workers) if self.workers > 1 else None
         self._lock = threading.Lock()
         self._failure: str | None = None
@@ -294,12 +303,12 @@ class MappedReader:
         f = self._region_file[region]
         offsets -= self._span_start[f]
         if len(self._windows) == 1:
-            out[...] = self._windows[int(f[0])][offsets]
+            out[...] = self._windows[int(f[0])][offsets]  # never np.take: it copies a strided window whole first
             return
-        for k, window in self._windows.items():  # a few shard files: one gather each
+        dst = out.view(self._row_item)[:, 0]  # out is C-contiguous (check_out)
+        for k in np.flatnonzero(np.bincount(f, minlength=self._region_file.max() + 1)):  # the files it touches
             pos = np.flatnonzero(f == k)
-            if pos.size:
-                out[pos] = window[offsets[pos]]
+            dst[pos] = self._windows[int(k)][offsets[pos]].view(self._row_item)[:, 0]
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0
@@ -311,7 +320,7 @@ class MappedReader:
             b = min(n, a + (min(self.inline_rows, PROBE_ROWS) if a == 0 else self.inline_rows))
             t = time.perf_counter()
             self._take(local[a:b], out[a:b])
-            slow = time.perf_counter() - t > (b - a) * SLOW_ROW_S
+            slow = time.perf_counter() - t > (b - a) * SLOW_ROW_S + self._gather_s
             self._stats["inline_rows"] += b - a
             a = b
             if slow:

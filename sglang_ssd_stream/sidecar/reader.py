@@ -149,7 +149,9 @@ class TableFiles:
     def __init__(self, table: SidecarTable, extra_flags: int = 0):
         self.table = table
         self.paths = table.files
-        sizes = file_sizes(table)
+        # taken once: derived from every region of the manifest, this cost 0.36 ms a call for 512 in-place
+        # regions, paid twice per lookup by check_unchanged
+        self.sizes = sizes = file_sizes(table)
         self.fds: list[int] = []
         try:
             for path in self.paths:
@@ -163,9 +165,8 @@ class TableFiles:
 
     def check_unchanged(self) -> None:
         """:class:`SidecarChanged` when any file is not the file it was when opened."""
-        sizes = file_sizes(self.table)
         for fd, path, opened in zip(self.fds, self.paths, self.identities, strict=True):
-            if file_identity(fd, path, sizes[path]) != opened:
+            if file_identity(fd, path, self.sizes[path]) != opened:
                 raise SidecarChanged(
                     f"PLE table {path} was written while it is served (its size or mtime changed since it was "
                     f"opened); none of its rows is served any more. Restart the server; replace a sidecar by "

@@ -19,6 +19,9 @@ BINARY = shutil.which("prometheus")
 MISSING = "Debian's prometheus package is not installed (apt-get install prometheus)"
 # .ci/run installs the package and sets this: there a missing binary fails the tests that need it, never skips them
 REQUIRED = os.environ.get("SSD_STREAM_REQUIRE_PROMETHEUS") == "1"
+# A directory where while_scraped keeps what Prometheus stored and when the traffic ran (range.json), for
+# scripts/grafana/render.py to draw the dashboard from a real server's run; unset: nothing kept
+KEEP = os.environ.get("SSD_STREAM_KEEP_PROMETHEUS")
 
 
 def skip_or_fail(reason: str = MISSING) -> None:
@@ -121,8 +124,10 @@ def while_scraped(url: str, run) -> dict:
     if BINARY is None:
         return {**run(), "prometheus": {"skipped": MISSING}}
     p = Prometheus(urllib.parse.urlsplit(url).netloc, Path(tempfile.mkdtemp(prefix="prometheus-")))
+    began = None
     try:
         p.wait_ready()
+        began = time.time()
         out = run()
         lookups = _total(out["metrics"], "ssd_stream_lookups_total")
         out["prometheus"] = {"lookups": p.scalar_when("sum(ssd_stream_lookups_total)", lambda v: v == lookups),
@@ -133,4 +138,17 @@ def while_scraped(url: str, run) -> dict:
         return {**locals().get("out", {}), "prometheus": {"error": f"{type(exc).__name__}: {exc}",
                                                           "log": p.log_text()[-2000:]}}
     finally:
+        ended = time.time()
         p.stop()
+        if KEEP and began is not None:
+            _keep(p.workdir / "data", Path(KEEP), {"start": began, "end": ended, "target": url})
+
+
+def _keep(data: Path, dest: Path, run: dict) -> None:
+    """Prometheus's stored data (stopped, so whole) and the traffic's time range, into a new ``dest``."""
+    if dest.exists():
+        raise FileExistsError(f"{KEEP=} exists: name a new directory")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.copytree(data, tmp / "data")
+    (tmp / "range.json").write_text(json.dumps(run))
+    tmp.rename(dest)

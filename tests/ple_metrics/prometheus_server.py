@@ -38,17 +38,19 @@ def _free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, target: str, workdir: Path, *, metrics_path: str = "/metrics"):
-        """``target``: ``host:port`` of the endpoint to scrape."""
+    def __init__(self, target: str | None, workdir: Path, *, metrics_path: str = "/metrics"):
+        """``target``: ``host:port`` of the endpoint to scrape; None: none, to query what ``workdir/data`` holds
+        (e.g. a copy of what :func:`while_scraped` kept)."""
         if BINARY is None:
             raise RuntimeError(MISSING)
         self.workdir, self.port = Path(workdir), _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
-                          f"  - job_name: engine\n    metrics_path: {metrics_path}\n"
-                          f"    static_configs:\n      - targets: ['{target}']\n")
+        scrape = ("scrape_configs:\n"
+                  f"  - job_name: engine\n    metrics_path: {metrics_path}\n"
+                  f"    static_configs:\n      - targets: ['{target}']\n") if target else ""
+        config.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n" + scrape)
         self.log = open(self.workdir / "prometheus.log", "w")
         self.proc = subprocess.Popen(
             [BINARY, f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",

@@ -117,17 +117,20 @@ def render(dashboard: dict, url: str, start: float, end: float, *, step: float, 
     matplotlib.use("Agg")
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
-    from matplotlib.gridspec import GridSpec
 
     panels = [p for p in dashboard["panels"] if p.get("type") == "timeseries"]
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
-    fig = plt.figure(figsize=(16, rows * 0.36 + 1.2), dpi=72)
-    grid = GridSpec(rows, GRID_COLUMNS, figure=fig, hspace=1.6, wspace=2.2, top=1 - 0.9 / (rows * 0.36 + 1.2),
-                    bottom=0.45 / (rows * 0.36 + 1.2))
+    unit_in = 0.3  # inches per grid row (Grafana's row is 30 px)
+    height = rows * unit_in + 1.0
+    fig = plt.figure(figsize=(16, height), dpi=72)
+    top, bottom = 1 - 0.55 / height, 0.35 / height  # the title above, the source line below
     shown = {}
-    for p in panels:
+    for p in panels:  # each panel where the grid puts it, its title and ticks inside its cell
         g = p["gridPos"]
-        ax = fig.add_subplot(grid[g["y"]:g["y"] + g["h"], g["x"]:g["x"] + g["w"]])
+        cell_w, cell_h = 1 / GRID_COLUMNS, (top - bottom) / rows
+        left = g["x"] * cell_w + 0.045
+        ax = fig.add_axes((left, top - (g["y"] + g["h"]) * cell_h + 0.5 / height,
+                           g["w"] * cell_w - 0.06, g["h"] * cell_h - 0.85 / height))
         ax.set_title(p["title"], fontsize=10, loc="left")
         unit, scale = UNITS.get(p.get("fieldConfig", {}).get("defaults", {}).get("unit", "short"), ("", 1.0))
         series = panel_series(p, url, values, start, end, step, scrape)

@@ -96,6 +96,20 @@ UNITS = {"percentunit": ("%", 100.0), "ms": ("ms", 1.0), "MiBs": ("MiB/s", 1.0),
          "short": ("", 1.0)}
 
 
+def style(panel: dict, name: str) -> dict:
+    """The panel's by-name overrides that this drawing can honour: a fixed colour, a dashed line."""
+    out = {}
+    for o in panel.get("fieldConfig", {}).get("overrides", []):
+        if o.get("matcher", {}).get("id") != "byName" or o["matcher"].get("options") != name:
+            continue
+        for prop in o.get("properties", []):
+            if prop["id"] == "color" and prop["value"].get("mode") == "fixed":
+                out["color"] = prop["value"]["fixedColor"]
+            elif prop["id"] == "custom.lineStyle" and prop["value"].get("fill") == "dash":
+                out["dashes"] = prop["value"].get("dash", [10, 10])
+    return out
+
+
 def panel_series(panel: dict, url: str, values: dict, start: float, end: float, step: float, scrape: float):
     """[(legend, [t], [v])] of every target of the panel; raises QueryFailed."""
     out = []
@@ -136,7 +150,8 @@ def render(dashboard: dict, url: str, start: float, end: float, *, step: float, 
         series = panel_series(p, url, values, start, end, step, scrape)
         shown[p["title"]] = [name for name, _, _ in series]
         for name, ts, vs in series:
-            ax.plot([mdates.date2num(_utc(t)) for t in ts], [v * scale for v in vs], label=name, linewidth=1.2)
+            ax.plot([mdates.date2num(_utc(t)) for t in ts], [v * scale for v in vs], label=name, linewidth=1.2,
+                    **style(p, name))
         if not series:
             ax.text(0.5, 0.5, "No data", transform=ax.transAxes, ha="center", va="center", color="0.5")
         ax.set_xlim(mdates.date2num(_utc(start)), mdates.date2num(_utc(end)))

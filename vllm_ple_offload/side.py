@@ -31,6 +31,7 @@ SIDE = EngineSide(
     # The streamed backends' fetch pool: serve sizes it to the CPU quota when the launch streams and leaves it unset.
     thread_knobs=((env.FETCH_WORKERS, None),),
     metrics=METRICS,  # what `watch` reads from vLLM's /metrics
+    fresh_metrics_dir=True,  # vLLM's workers reach /metrics only through PROMETHEUS_MULTIPROC_DIR
     # `plan` speaks vLLM's flags; vLLM has no pool or Mamba-slot flag (it sizes both from what fits), so
     # those two plan inputs get plain names.
     # The row cache of the streamed backends (the default `pinned` table has none): `plan` counts it.

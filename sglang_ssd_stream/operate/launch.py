@@ -8,7 +8,9 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from ..ple_metrics.publish import MULTIPROC_ENV
 from .errors import ServeRefused
+from .metrics_dir import needs_fresh_dir
 from .profiles import DRAFT, MODEL, Profile
 from .side import EngineSide
 
@@ -23,6 +25,8 @@ class Launch:
     env: dict[str, str]  # the complete environment for exec
     profile_env: dict[str, str]  # shown by --dry-run: inherited variables the side names, profile's, sized
     notes: tuple[str, ...] = ()  # why serve sized what it sized (printed on stderr)
+    # serve sets PROMETHEUS_MULTIPROC_DIR to a new empty directory at each start (metrics_dir.fresh_dir)
+    fresh_metrics_dir: bool = False
 
     def shell(self) -> str:
         """The command as one shell line, API key masked."""
@@ -31,6 +35,8 @@ class Launch:
             shown.append("'***'" if mask else shlex.quote(a))
             mask = a == "--api-key"
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.profile_env.items())
+        if self.fresh_metrics_dir:  # what serve does at each start, as a shell does it
+            prefix = (prefix + " " if prefix else "") + f'{MULTIPROC_ENV}="$(mktemp -d)"'
         return (prefix + " " if prefix else "") + " ".join(shown)
 
 
@@ -171,4 +177,5 @@ def build_launch(profile: Profile, side: EngineSide, *, model: str, draft: str |
     if names:
         argv += ["--served-model-name", *names]
     argv += extra
-    return Launch(argv=argv, env=env, profile_env={**shown, **profile_env, **sized}, notes=tuple(notes))
+    return Launch(argv=argv, env=env, profile_env={**shown, **profile_env, **sized}, notes=tuple(notes),
+                  fresh_metrics_dir=needs_fresh_dir(side, env))

@@ -74,7 +74,11 @@ def run_doctor(side, profile, model: str, draft: str | None, env: dict, argv: li
 def findings_for(side, profile, model: str, draft: str | None, env: dict, argv=(), *,
                  report_errors: bool = False) -> list[Finding]:
     """Our file checks, then the adapter's doctor (skipped when the model directory is unusable)."""
+    from .metrics_dir import exported_dir_finding
+
     found = file_findings(profile, model, draft, env)
+    metrics_dir = exported_dir_finding(side, env)  # an exported one only: a fresh one is made at the start
+    found += [metrics_dir] if metrics_dir else []
     doctor = run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)
     # SGLang's doctor loads the model's config and sidecar again: a check made above is said once, unless
     # the doctor's verdict is worse (its sidecar may be a knob's other file)

@@ -5,6 +5,7 @@ real serve would refuse on."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -83,14 +84,30 @@ def cmd_serve(args, exec_fn=None) -> int:
         print("\n".join(report_lines(findings)))
         return EXIT_OK
     preflight(args.side, profile, model, draft if profile.needs_draft else None, launch.env, launch.argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if exec_fn is not None:  # tests: what would run
-        exec_fn(launch.argv[0], launch.argv, launch.env)
-        return EXIT_OK
-    from .supervise import supervise
+    with _metrics_env(launch) as env:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if exec_fn is not None:  # tests: what would run
+            exec_fn(launch.argv[0], launch.argv, env)
+            return EXIT_OK
+        from .supervise import supervise
 
-    return supervise(launch.argv[0], launch.argv, launch.env)
+        return supervise(launch.argv[0], launch.argv, env)
+
+
+@contextlib.contextmanager
+def _metrics_env(launch):
+    """The launch's environment, with a new PROMETHEUS_MULTIPROC_DIR for this start where the side needs one
+    (removed after the engine ended)."""
+    from .metrics_dir import MULTIPROC_ENV, fresh_dir
+
+    if not launch.fresh_metrics_dir:
+        yield launch.env
+        return
+    with fresh_dir(launch.env) as env:
+        print(f"serve: {MULTIPROC_ENV}={env[MULTIPROC_ENV]}: new for this start (the engine's processes merge their "
+              f"metrics there), removed after the engine ends", file=sys.stderr)
+        yield env
 
 
 def _exposure_finding(host: str, api_key: str | None, allow_unauthenticated: bool):

@@ -10,6 +10,7 @@ import json
 import re
 
 from .. import __version__
+from ..ple_metrics.publish import MULTIPROC_ENV
 from .errors import ServeRefused
 from .launch import build_launch, check_exposure
 from .profiles import Profile
@@ -74,6 +75,9 @@ API_KEY_ENV = "VLLM_API_KEY"
 IMAGE_DOCKERFILE = "scripts/docker/vllm-runtime.Dockerfile"
 DEFAULT_IMAGE = f"qwen38-vllm-ple:{__version__}"
 IMAGE_BUILD = f"docker build -f {IMAGE_DOCKERFILE} -t {DEFAULT_IMAGE} ."
+# The container's PROMETHEUS_MULTIPROC_DIR (metrics_dir.py): a tmpfs mount, which Docker removes when the container
+# stops, so every start (a restart included) begins with an empty one and no earlier run's values.
+CONTAINER_METRICS_DIR = "/run/prometheus-multiproc"
 
 
 def render_compose(profile: Profile, side: EngineSide, *, service: str, image: str, model_dir: str, cache_dir: str,
@@ -102,6 +106,8 @@ def render_compose(profile: Profile, side: EngineSide, *, service: str, image: s
                           served_names=served_names, allow_unauthenticated=True, extra=extra, base_env={})
     command = launch.argv[2:]  # the image's entrypoint is `vllm serve`
     env = {k: v for k, v in launch.env.items() if k in profile.env}  # placeholders filled (the model is /model)
+    if launch.fresh_metrics_dir:
+        env[MULTIPROC_ENV] = CONTAINER_METRICS_DIR
     if require_api_key:
         env[API_KEY_ENV] = f"${{{API_KEY_ENV}:?set {API_KEY_ENV} on the host}}"
     out = [
@@ -116,6 +122,7 @@ def render_compose(profile: Profile, side: EngineSide, *, service: str, image: s
         f"      - {_y(f'{publish}:{port}:{port}')}",
         "    volumes:",
         *[f"      - {_y(v)}" for v in volumes],
+        *(["    tmpfs:", f"      - {_y(CONTAINER_METRICS_DIR)}"] if launch.fresh_metrics_dir else []),
         "    environment:",
         *[f"      {k}: {_y(v)}" for k, v in env.items()],
         "    cap_add:",

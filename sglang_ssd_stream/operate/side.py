@@ -44,6 +44,10 @@ class EngineSide:
     # Where the cache depends on another setting: (variable, its default, the values that have a cache),
     # e.g. vLLM's streamed backends (its default `pinned` table has none). None: always.
     row_cache_when: tuple[str, str, tuple[str, ...]] | None = None
+    # serve gives the engine a new private PROMETHEUS_MULTIPROC_DIR per start (operate/metrics_dir.py): vLLM makes
+    # none with one API server, so its workers' series (the kit's) would never reach /metrics. False: the engine
+    # makes its own (sglang's --enable-metrics).
+    fresh_metrics_dir: bool = False
 
     def engine_argv(self, python: str) -> list[str]:
         return self.launcher(python)

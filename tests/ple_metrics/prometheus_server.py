@@ -19,6 +19,9 @@ BINARY = shutil.which("prometheus")
 MISSING = "Debian's prometheus package is not installed (apt-get install prometheus)"
 # .ci/run installs the package and sets this: there a missing binary fails the tests that need it, never skips them
 REQUIRED = os.environ.get("SSD_STREAM_REQUIRE_PROMETHEUS") == "1"
+# A directory where while_scraped keeps what Prometheus stored and when the traffic ran (range.json), for
+# scripts/grafana/render.py to draw the dashboard from a real server's run; unset: nothing kept
+KEEP = os.environ.get("SSD_STREAM_KEEP_PROMETHEUS")
 
 
 def skip_or_fail(reason: str = MISSING) -> None:
@@ -35,17 +38,19 @@ def _free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, target: str, workdir: Path, *, metrics_path: str = "/metrics"):
-        """``target``: ``host:port`` of the endpoint to scrape."""
+    def __init__(self, target: str | None, workdir: Path, *, metrics_path: str = "/metrics"):
+        """``target``: ``host:port`` of the endpoint to scrape; None: none, to query what ``workdir/data`` holds
+        (e.g. a copy of what :func:`while_scraped` kept)."""
         if BINARY is None:
             raise RuntimeError(MISSING)
         self.workdir, self.port = Path(workdir), _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
-                          f"  - job_name: engine\n    metrics_path: {metrics_path}\n"
-                          f"    static_configs:\n      - targets: ['{target}']\n")
+        scrape = ("scrape_configs:\n"
+                  f"  - job_name: engine\n    metrics_path: {metrics_path}\n"
+                  f"    static_configs:\n      - targets: ['{target}']\n") if target else ""
+        config.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n" + scrape)
         self.log = open(self.workdir / "prometheus.log", "w")
         self.proc = subprocess.Popen(
             [BINARY, f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
@@ -121,8 +126,10 @@ def while_scraped(url: str, run) -> dict:
     if BINARY is None:
         return {**run(), "prometheus": {"skipped": MISSING}}
     p = Prometheus(urllib.parse.urlsplit(url).netloc, Path(tempfile.mkdtemp(prefix="prometheus-")))
+    began = None
     try:
         p.wait_ready()
+        began = time.time()
         out = run()
         lookups = _total(out["metrics"], "ssd_stream_lookups_total")
         out["prometheus"] = {"lookups": p.scalar_when("sum(ssd_stream_lookups_total)", lambda v: v == lookups),
@@ -133,4 +140,17 @@ def while_scraped(url: str, run) -> dict:
         return {**locals().get("out", {}), "prometheus": {"error": f"{type(exc).__name__}: {exc}",
                                                           "log": p.log_text()[-2000:]}}
     finally:
+        ended = time.time()
         p.stop()
+        if KEEP and began is not None:
+            _keep(p.workdir / "data", Path(KEEP), {"start": began, "end": ended, "target": url})
+
+
+def _keep(data: Path, dest: Path, run: dict) -> None:
+    """Prometheus's stored data (stopped, so whole) and the traffic's time range, into a new ``dest``."""
+    if dest.exists():
+        raise FileExistsError(f"{KEEP=} exists: name a new directory")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.copytree(data, tmp / "data")
+    (tmp / "range.json").write_text(json.dumps(run))
+    tmp.rename(dest)

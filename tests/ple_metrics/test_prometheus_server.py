@@ -57,3 +57,81 @@ def test_a_real_prometheus_answers_the_hit_rate_of_the_row_caches(tmp_path):
         p.stop()
         server.shutdown()
         server.server_close()
+
+
+def _serve_negotiated(registry):
+    """``registry`` served as the engines' /metrics serve it: prometheus_client's own ``make_asgi_app`` and
+    ``make_wsgi_app`` pick the format from Prometheus's Accept header (``choose_encoder``), and Debian's Prometheus
+    2.42 asks for OpenMetrics, where prometheus_client 0.26 writes ``sglang:token_usage`` as ``sglang_token_usage``."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    server = make_server("127.0.0.1", 0, make_wsgi_app(registry), handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_dashboards_engine_panels_find_the_engines_series_in_a_real_prometheus(tmp_path):
+    """The KV and MTP panels read sglang's and vLLM's own series (names as their collectors register them: the
+    names `watch` reads); each panel query, with the variables filled as scripts/grafana/render.py fills them for
+    Grafana's, returns data from a real Prometheus that scraped them. A bare ``sglang:token_usage`` returned none."""
+    import importlib.util
+    import json
+    import time
+    from pathlib import Path
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from sglang_ssd_stream.sglang.side import METRICS as SGLANG
+    from vllm_ple_offload.metrics import METRICS as VLLM
+
+    if BINARY is None:
+        skip_or_fail()
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("render", repo / "scripts" / "grafana" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    registry = CollectorRegistry()
+    for name in (SGLANG.kv_usage, SGLANG.accept_rate, SGLANG.accept_length, VLLM.kv_usage):
+        Gauge(name, name, registry=registry).set(0.5)
+    counters = [Counter(name.removesuffix("_total"), name, registry=registry)
+                for name in (VLLM.accepted_total, VLLM.draft_tokens_total, VLLM.drafts_total)]
+    dashboard = json.loads((repo / "scripts" / "grafana" / "ssd-stream-ple.json").read_text())
+    engine_panels = [p for p in dashboard["panels"] if p["title"] in ("KV cache usage (engine)",
+                                                                       "MTP acceptance (engine)")]
+    exprs = [render.substitute(t["expr"], render.variables(dashboard, {}), step=1, scrape=1, span=60)
+             for p in engine_panels for t in p["targets"]]
+    assert len(exprs) == 6, exprs
+    server = _serve_negotiated(registry)
+    p = Prometheus(f"127.0.0.1:{server.server_address[1]}", tmp_path / "prometheus")
+    missing = exprs
+    try:
+        p.wait_ready()
+        began = time.time()
+        deadline = time.monotonic() + 45
+        more = 10  # half-second rises after every query answered: a few scrapes' rates for the range below
+        while (missing or more) and time.monotonic() < deadline:
+            for i, c in enumerate(counters):  # drafts, draft tokens and accepted tokens rise between scrapes
+                c.inc(1 + i)
+            time.sleep(0.5)
+            more -= 0 if missing else 1
+            missing = [e for e in exprs if not p.query(e)]
+        assert not missing, missing
+        # the whole dashboard drawn from the same Prometheus by scripts/grafana/render.py: the engine panels with
+        # every series they name, the kit's (none served here) as "No data"
+        out = tmp_path / "dashboard.png"
+        shown = render.render(dashboard, p.url, began, time.time(), step=1, scrape=1,
+                              values=render.variables(dashboard, {}), out=out, source="test")
+        assert shown["KV cache usage (engine)"] == ["sglang", "vLLM"], shown
+        assert sorted(shown["MTP acceptance (engine)"]) == ["sglang accept length", "sglang accept rate",
+                                                            "vLLM accept length", "vLLM accept rate"], shown
+        assert not shown["PLE row-cache hit rate"] and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        p.stop()
+        server.shutdown()
+        server.server_close()

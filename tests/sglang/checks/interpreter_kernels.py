@@ -15,13 +15,13 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-import tests.triton_interpreter as fast  # noqa: E402 - arms itself unless the off switch is set
-
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from sglang.kernels.ops.elementwise.elementwise import _fused_gate_sigmoid_mul_add_kernel  # noqa: E402
 from sglang.srt.models.qwen4_exp import _gather_ple_embedding_from_pinned_kernel  # noqa: E402
+
+import tests.triton_interpreter as fast  # noqa: E402 - arms itself unless the off switch is set
 
 
 @triton.jit

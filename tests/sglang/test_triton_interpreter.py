@@ -60,8 +60,8 @@ def test_a_launch_that_raises_leaves_no_launch_state(both):
 def test_an_unknown_interpreter_source_is_left_as_shipped(sglang, tmp_path):
     fake = tmp_path / "interpreter.py"
     fake.write_text("# not triton's\n")
-    code = ("import types, tests.triton_interpreter as t; m = types.SimpleNamespace(__file__=%r); "
-            "print(t.install(m))" % str(fake))
+    code = (f"import types, tests.triton_interpreter as t; m = types.SimpleNamespace(__file__={str(fake)!r}); "
+            "print(t.install(m))")
     r = subprocess.run([sglang.python, "-c", code], capture_output=True, text=True, timeout=120,
                        env=sglang.env({OFF_SWITCH: "upstream"}))
     assert r.returncode == 0, r.stderr

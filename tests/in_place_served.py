@@ -28,11 +28,12 @@ def in_place_copy(kit, source: Path, dest: Path) -> tuple[Path, dict[str, int]]:
 
 def assert_served_in_place(ckpt: Path, before: dict[str, int]) -> None:
     """``ckpt``'s manifest is version 2 and every region of every table lies in a shard file of ``ckpt`` its index
-    names; ``ckpt`` holds its files ``before`` the build, unchanged in size, plus the manifest and the verified
-    cache alone (no table copied anywhere in it)."""
+    names (``model.safetensors`` for a checkpoint of one file); ``ckpt`` holds its files ``before`` the build,
+    unchanged in size, plus the manifest and the verified cache alone (no table copied anywhere in it)."""
     doc = json.loads((ckpt / MANIFEST_NAME).read_text())
     assert doc["version"] == VERSION_IN_PLACE, doc["version"]
-    shards = set(json.loads((ckpt / INDEX_NAME).read_text())["weight_map"].values())
+    index = ckpt / INDEX_NAME  # a single-file checkpoint has none: its one file is the shard
+    shards = set(json.loads(index.read_text())["weight_map"].values()) if index.is_file() else {"model.safetensors"}
     manifest = load_manifest(ckpt)
     assert manifest.tables and all(t.in_place for t in manifest.tables)
     for t in manifest.tables:

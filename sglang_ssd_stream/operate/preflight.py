@@ -44,11 +44,12 @@ def file_findings(profile, model: str, draft: str | None, env: dict | None = Non
         out.append(Finding(ERROR, "kit_home", f"{HOME_ENV}: {too_long}", f"set {HOME_ENV} to a shorter path, or "
                            f"unset it for ~/.cache/sglang-ssd-stream"))
     if profile.needs_sidecar and out[0].level == OK:
+        from ..checks.sidecar import disk_use
         from ..sidecar.view import engine_trusted_roots, load_sidecar
 
         try:
-            load_sidecar(model, extra_roots=engine_trusted_roots(profile.engine, env))
-            out.append(Finding(OK, "sidecar", f"{model}/ssd-stream.json loads, sizes match"))
+            manifest = load_sidecar(model, extra_roots=engine_trusted_roots(profile.engine, env))
+            out.append(Finding(OK, "sidecar", f"{model}/ssd-stream.json loads, sizes match; {disk_use(manifest)}"))
         except KitError as exc:  # Sidecar* (BadKitData) errors: the message names file and sizes
             out.append(Finding(ERROR, "sidecar", exc.message, "rebuild or re-download the sidecar "
                                "(sglang-ssd-stream model fetch verifies every file)"))

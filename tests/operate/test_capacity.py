@@ -18,7 +18,7 @@ from sglang_ssd_stream.operate.capacity import (
 )
 from sglang_ssd_stream.operate.errors import ModelConfigError, PlanRefused
 
-from .conftest import SIDES, write_model
+from .conftest import SIDES, add_ple_shards, write_model
 
 CTX = 262_144
 
@@ -387,24 +387,12 @@ def test_plan_leaves_an_in_place_ple_table_out_of_the_weights(tmp_path, capsys):
     so); the same checkpoint without the manifest counts every shard."""
     import argparse
 
-    import torch
-    from safetensors.torch import save_file
-
     from sglang_ssd_stream.operate import add_operate_commands
     from sglang_ssd_stream.operate.plan_cli import _plan_weights
     from sglang_ssd_stream.sidecar.in_place import build_in_place
 
     m = write_model(tmp_path / "m", sidecar=False)
-    cfg = json.loads((m / "config.json").read_text())
-    cfg["text_config"]["split_ngram_parts"] = 2
-    (m / "config.json").write_text(json.dumps(cfg))
-    rows, cols, prefix = 4096, 256, "model.language_model.layers.3.ple.ple_embedding.ngram_embedding"
-    ple = {f"{prefix}.shard_{k}.weight": torch.full((rows // 2, cols), k + 1, dtype=torch.uint8).view(
-        torch.float8_e4m3fn) for k in range(2)}
-    save_file(ple, str(m / "model-ple.safetensors"))
-    index = json.loads((m / "model.safetensors.index.json").read_text())
-    index["weight_map"].update({n: "model-ple.safetensors" for n in ple})
-    (m / "model.safetensors.index.json").write_text(json.dumps(index))
+    table = add_ple_shards(m)
     files = sum(f.stat().st_size for f in m.glob("*.safetensors"))
     p = argparse.ArgumentParser()
     add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
@@ -419,7 +407,6 @@ def test_plan_leaves_an_in_place_ple_table_out_of_the_weights(tmp_path, capsys):
     before = weights()
     build_in_place(m, progress=False)
     after = weights()
-    table = rows * cols
     draft = (m / "mtp" / "mtp.safetensors").stat().st_size
     assert before[0] * GIB == files + draft and "in place" not in before[1]
     assert after[0] * GIB == files - table + draft, (after, files, table)

@@ -71,7 +71,21 @@ def load_finding(path: str | os.PathLike, *, extra_roots: Iterable[str] = ()) ->
         manifest = load_sidecar(path, extra_roots=tuple(extra_roots))
     except KitError as exc:
         return Finding(ERROR, "sidecar", exc.message, SIDECAR_FIX), None
-    return Finding(OK, "sidecar", f"{path}: {len(manifest.tables)} table(s), sizes as the manifest says"), manifest
+    return Finding(OK, "sidecar", f"{path}: {len(manifest.tables)} table(s), sizes as the manifest says; "
+                   f"{disk_use(manifest)}"), manifest
+
+
+def disk_use(manifest) -> str:
+    """What the sidecar's kind costs on disk: in place, the manifest alone (the tables are the checkpoint's own
+    shard bytes); copied, the table files."""
+    from ..staging.host_memory import fmt_bytes
+
+    tables = sum(t.bytes for t in manifest.tables)
+    if all(t.in_place for t in manifest.tables):
+        shards = len({r.file for t in manifest.tables for r in t.regions})
+        return (f"in place: {fmt_bytes(os.path.getsize(manifest.path))} on disk (the manifest; the "
+                f"{fmt_bytes(tables)} of tables are regions of {shards} checkpoint shard file(s))")
+    return f"copied: {fmt_bytes(tables)} of table files on disk"
 
 
 def sha_finding(path: str | os.PathLike, *, knob: str, no_verify: bool = False, extra_roots: Iterable[str] = (),

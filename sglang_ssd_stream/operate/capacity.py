@@ -197,9 +197,8 @@ class Plan:
         return asdict(self)
 
 
-def weights_bytes(model_dir: str | os.PathLike) -> int:
-    """Sum of the shards model.safetensors.index.json maps (what the engine loads; the PLE sidecar
-    is streamed, so a view built as in 000 §3 lists no PLE shard)."""
+def weight_files(model_dir: str | os.PathLike) -> list[Path]:
+    """The files model.safetensors.index.json maps (or the one ``model.safetensors``), each checked present."""
     root = Path(model_dir)
     idx = root / "model.safetensors.index.json"
     try:
@@ -207,17 +206,35 @@ def weights_bytes(model_dir: str | os.PathLike) -> int:
     except FileNotFoundError:
         single = root / "model.safetensors"
         if single.is_file():
-            return single.stat().st_size
+            return [single]
         raise ModelConfigError(f"{root}: no model.safetensors.index.json; pass --weights-gib") from None
     except (json.JSONDecodeError, KeyError, AttributeError) as exc:
         raise ModelConfigError(f"{idx}: unreadable weight_map ({exc})") from None
-    total = 0
     for s in sorted(shards):
-        try:
-            total += (root / s).stat().st_size
-        except FileNotFoundError:
-            raise ModelConfigError(f"{root}: shard {s} listed in the index is missing") from None
-    return total
+        if not (root / s).is_file():
+            raise ModelConfigError(f"{root}: shard {s} listed in the index is missing")
+    return [root / s for s in sorted(shards)]
+
+
+def weights_bytes(model_dir: str | os.PathLike) -> int:
+    """Sum of the shards model.safetensors.index.json maps (what the engine loads; the PLE sidecar
+    is streamed, so a view built as in 000 §3 lists no PLE shard)."""
+    return sum(f.stat().st_size for f in weight_files(model_dir))
+
+
+def in_place_ple_bytes(model_dir: str | os.PathLike) -> int:
+    """Bytes of the PLE tables an in-place ``ssd-stream.json`` in ``model_dir`` serves from the shards its index
+    maps: on disk once, streamed, never resident (0 without such a manifest, or for a copied sidecar)."""
+    from ..sidecar.format import MANIFEST_NAME
+    from ..sidecar.view import load_sidecar
+
+    if not (Path(model_dir) / MANIFEST_NAME).is_file():
+        return 0
+    regions = [r for t in load_sidecar(model_dir, check_files=False).tables if t.in_place for r in t.regions]
+    if not regions:
+        return 0
+    mapped = {os.path.realpath(f) for f in weight_files(model_dir)}
+    return sum(r.bytes for r in regions if os.path.realpath(r.file) in mapped)
 
 
 def plan(g: Geometry, *, context_length: int, pool_tokens: int | None, running: int, draft_steps: int,

@@ -159,13 +159,15 @@ def _plan_weights(args, draft_steps: int) -> tuple[float, str]:
     """Resident weights (GiB) read from the indexes: the model's, plus the MTP draft's when the plan drafts
     and the engine loads the draft from its own directory (SGLang's NEXTN; vLLM's MTP layers live in the
     checkpoint's own index). Write-up 000 counts 8.08 GB of MTP weights beside 77.97 GB of the model."""
-    from .capacity import GIB, weights_bytes
+    from .capacity import GIB, in_place_ple_bytes, weights_bytes
     from .errors import PlanRefused
 
-    model = weights_bytes(args.model)
+    streamed = in_place_ple_bytes(args.model)  # the checkpoint served in place: its PLE tables stay on disk
+    model = weights_bytes(args.model) - streamed
+    note = f"; PLE tables in place, {streamed / GIB:.2f} GiB streamed from its shards, not counted" if streamed else ""
     if not draft_steps or not args.side.draft_option:
         why = "no speculative decoding" if not draft_steps else "MTP layers are in the model's own index"
-        return model / GIB, f"weights: model {model / GIB:.2f} GiB ({why})"
+        return model / GIB, f"weights: model {model / GIB:.2f} GiB ({why}{note})"
     draft = args.draft or os.path.join(args.model, "mtp")
     if not os.path.isdir(draft):
         raise PlanRefused(f"the plan drafts {draft_steps} tokens with the MTP model, whose weights take memory too, "
@@ -173,4 +175,4 @@ def _plan_weights(args, draft_steps: int) -> tuple[float, str]:
                           f"--weights-gib for the total")
     extra = weights_bytes(draft)
     return (model + extra) / GIB, (f"weights: model {model / GIB:.2f} GiB + MTP draft {extra / GIB:.2f} GiB "
-                                   f"({draft}) = {(model + extra) / GIB:.2f} GiB")
+                                   f"({draft}) = {(model + extra) / GIB:.2f} GiB" + (f" ({note[2:]})" if note else ""))

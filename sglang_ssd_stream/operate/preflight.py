@@ -9,8 +9,10 @@ from the adapter (``side.preflight``).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 from ..errors import KitError
 from ..findings import ERROR, LEVELS, OK, WARNING, Finding, errors_of, refusal_text
@@ -44,15 +46,60 @@ def file_findings(profile, model: str, draft: str | None, env: dict | None = Non
         out.append(Finding(ERROR, "kit_home", f"{HOME_ENV}: {too_long}", f"set {HOME_ENV} to a shorter path, or "
                            f"unset it for ~/.cache/sglang-ssd-stream"))
     if profile.needs_sidecar and out[0].level == OK:
+        from ..checks.sidecar import disk_use
         from ..sidecar.view import engine_trusted_roots, load_sidecar
 
         try:
-            load_sidecar(model, extra_roots=engine_trusted_roots(profile.engine, env))
-            out.append(Finding(OK, "sidecar", f"{model}/ssd-stream.json loads, sizes match"))
+            manifest = load_sidecar(model, extra_roots=engine_trusted_roots(profile.engine, env))
+            out.append(Finding(OK, "sidecar", f"{model}/ssd-stream.json loads, sizes match; {disk_use(manifest)}"))
         except KitError as exc:  # Sidecar* (BadKitData) errors: the message names file and sizes
             out.append(Finding(ERROR, "sidecar", exc.message, "rebuild or re-download the sidecar "
                                "(sglang-ssd-stream model fetch verifies every file)"))
     return out
+
+
+# The engines' settings that read every safetensors file of the model whole into memory at load (measured:
+# docs/sidecar.md#serving-the-checkpoint-itself-no-view-needed); by default both map the files instead.
+WHOLE_FILE_LOADS = {"sglang": ("--weight-loader-disable-mmap", None), "vllm": ("--safetensors-load-strategy", "eager")}
+
+
+def _given(argv, flag: str, value: str | None) -> bool:
+    argv = list(argv)
+    for i, a in enumerate(argv):
+        if value is None and a == flag:
+            return True
+        if value is not None and (a == f"{flag}={value}" or (a == flag and argv[i + 1:i + 2] == [value])):
+            return True
+    return False
+
+
+def loader_findings(profile, model: str, argv) -> list[Finding]:
+    """A warning when the launch makes the engine read the model's files whole while its index maps the PLE
+    shards a sidecar streams (the checkpoint served itself): the tables the sidecar keeps on disk are read
+    into memory at every start, one file at a time."""
+    from ..sidecar._safetensors import read_header
+    from ..sidecar.build import SHARD_TENSOR
+    from ..sidecar.format import INDEX_NAME, MANIFEST_NAME
+    from .capacity import weight_files
+
+    flag, value = WHOLE_FILE_LOADS.get(profile.engine, (None, None))
+    if flag is None or not model or not os.path.isfile(os.path.join(model, MANIFEST_NAME)) \
+            or not _given(argv, flag, value):
+        return []
+    try:  # the index's names; a checkpoint of one file: its header's
+        names = list(json.loads(Path(model, INDEX_NAME).read_text())["weight_map"]) \
+            if os.path.isfile(os.path.join(model, INDEX_NAME)) else list(read_header(weight_files(model)[0]))
+    except (KitError, OSError, ValueError, KeyError, TypeError):
+        return []  # the model's own findings say what is wrong with its files
+    ple = [n for n in names if SHARD_TENSOR.search(n) and "mtp" not in n]
+    if not ple:
+        return []  # a view: its index leaves the PLE shards out, so nothing of them is opened
+    given = flag + (f" {value}" if value else "")
+    return [Finding(WARNING, "loader", f"{given} makes {profile.engine} read every file of {model} whole into "
+                    f"memory at load, the {len(ple)} PLE shard tensor(s) the sidecar streams included",
+                    f"drop {given} (by default the engine maps the files and reads one row of each PLE shard), "
+                    f"or serve a view without them: sglang-ssd-stream model build-view --dense {model} "
+                    f"--prepared {model} --out VIEW")]
 
 
 def run_doctor(side, profile, model: str, draft: str | None, env: dict, argv: list[str],
@@ -76,7 +123,7 @@ def findings_for(side, profile, model: str, draft: str | None, env: dict, argv=(
     """Our file checks, then the adapter's doctor (skipped when the model directory is unusable)."""
     from .metrics_dir import exported_dir_finding
 
-    found = file_findings(profile, model, draft, env)
+    found = file_findings(profile, model, draft, env) + loader_findings(profile, model, argv)
     metrics_dir = exported_dir_finding(side, env)  # an exported one only: a fresh one is made at the start
     found += [metrics_dir] if metrics_dir else []
     doctor = run_doctor(side, profile, model, draft, env, list(argv), report_errors=report_errors)

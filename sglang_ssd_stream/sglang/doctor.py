@@ -650,12 +650,11 @@ def _model_bytes(model: str | None, argv: list[str]) -> int | None:
     """What the model's weights and sidecar already occupy (None when they cannot be read)."""
     if not model:
         return None
-    from ..operate.capacity import weights_bytes
+    from ..operate.capacity import weight_files
 
-    try:
-        total = weights_bytes(model)
-        for path in sidecar_paths(model):
-            total += os.path.getsize(path)
+    try:  # each file once: an in-place sidecar's tables are regions of the shards the index maps
+        files = {os.path.realpath(f) for f in weight_files(model)} | {os.path.realpath(p) for p in sidecar_paths(model)}
+        total = sum(os.path.getsize(f) for f in files)
     except (KitError, OSError):
         return None
     return total

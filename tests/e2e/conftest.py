@@ -412,8 +412,11 @@ def qwen4_pristine(stage, qwen4_model) -> Scenario:
 
 def _sidecar_scenario(stage, qwen4_model, sidecar, name, io, *, row_cache_mb: str | None = "0") -> Scenario:
     """``io``'s reader alone (row cache budget 0), or, with ``row_cache_mb=None``, the default: the row cache
-    (1024 MiB for all PLE layers) with prompt-ahead prefetch in front of it."""
-    env = {"SGLANG_SSD_STREAM_SIDECAR": str(sidecar), "SGLANG_SSD_STREAM_IO": io}
+    (1024 MiB for all PLE layers) with prompt-ahead prefetch in front of it. ``sidecar=None``: the manifest in the
+    model directory (the plugin finds it there, no knob)."""
+    env = {"SGLANG_SSD_STREAM_IO": io}
+    if sidecar is not None:
+        env["SGLANG_SSD_STREAM_SIDECAR"] = str(sidecar)
     if row_cache_mb is not None:
         env["SGLANG_SSD_STREAM_ROW_CACHE_MB"] = row_cache_mb
     return stage.serve(name, "patched", qwen4_model, lambda s: {"greedy": greedy_runs(s)}, standin=True,
@@ -426,8 +429,20 @@ def qwen4_sidecar_mmap(stage, qwen4_model, sidecar) -> Scenario:
 
 
 @pytest.fixture(scope="session")
-def qwen4_sidecar_pread(stage, qwen4_model, sidecar) -> Scenario:
-    return _sidecar_scenario(stage, qwen4_model, sidecar, "qwen4-sidecar-pread", "pread")
+def in_place_checkpoint(engine, qwen4_model, e2e_root) -> tuple[Path, dict]:
+    """A copy of the tiny qwen4_exp with its in-place manifest (``sidecar build --in-place``: no table copied),
+    and its files before the build."""
+    from ..in_place_served import in_place_copy
+
+    return in_place_copy(lambda *a: kit(engine, *a), qwen4_model, e2e_root / "qwen4_exp-in-place")
+
+
+@pytest.fixture(scope="session")
+def qwen4_sidecar_pread(stage, in_place_checkpoint) -> Scenario:
+    """The ``pread`` reader, row cache off, on the checkpoint itself served in place (``--model-path`` the
+    checkpoint, its ``ssd-stream.json`` found there): the copied sidecar's other starts read the same rows."""
+    ckpt, _ = in_place_checkpoint
+    return _sidecar_scenario(stage, ckpt, None, "qwen4-sidecar-pread", "pread")
 
 
 def _hot_scenario(stage, qwen4_model, sidecar, home: Path, name: str) -> Scenario:

@@ -13,6 +13,8 @@ import re
 
 import pytest
 
+from sglang_ssd_stream.sidecar.format import MANIFEST_NAME
+
 from .conftest import MAX_TOKENS, PLE_PROMPTS
 
 SCHEDULER = "sglang::scheduler"
@@ -55,6 +57,22 @@ def test_all_four_hooks_ran_in_the_scheduler(request, io):
     assert f"read through {io}" in lines["gather"][0]
     assert "pinned PLE table allocation" not in sc.log  # no host table: the rows came from the sidecar
     assert "layers [0, 1] bound to the sidecar" in lines["load_weights"][0]
+
+
+def test_the_pread_start_served_the_checkpoint_in_place(qwen4_sidecar_pread, in_place_checkpoint):
+    """The ``pread`` start's rows came from regions of the checkpoint's own shards (version 2 manifest), no copy:
+    its output equals the RAM table's above, and its scheduler bound both layers to those regions."""
+    from ..in_place_served import assert_served_in_place
+
+    ckpt, before = in_place_checkpoint
+    assert_served_in_place(ckpt, before)
+    # no knob named it: the plugin found it in the model directory; the build's hashes served from the verified
+    # cache; each PLE shard tensor the loader listed was dropped after its one-row comparison
+    log = qwen4_sidecar_pread.log
+    assert re.search(rf"PLE sidecar {re.escape(str(ckpt / MANIFEST_NAME))}: 2 table\(s\), sha256 L0=cached, "
+                     rf"L1=cached", log), log[-4000:]
+    assert re.search(r"PLE sidecar: 2 layer\(s\) bound, (\d+) PLE shard tensor\(s\) skipped, \1 of them "
+                     r"spot-checked", log), log[-4000:]
 
 
 def test_sidecar_rows_reach_the_output(qwen4_ram, qwen4_other_rows):

@@ -332,10 +332,22 @@ def streamed_mmap(stage, qwen4_model, hot_setup) -> Scenario:
 
 
 @pytest.fixture(scope="session")
-def streamed_pread(stage, qwen4_model, sidecar) -> Scenario:
-    """(c) The streamed sidecar read through ``pread``, row cache off (``VLLM_PLE_ROW_CACHE_MB=0``)."""
-    return stage.serve("streamed-pread", qwen4_model, lambda s: {"greedy": greedy_runs(s)},
-                       env=streamed("pread", sidecar, VLLM_PLE_ROW_CACHE_MB="0"))
+def in_place_checkpoint(engine, qwen4_model, root) -> tuple[Path, dict]:
+    """A copy of the tiny qwen4_exp with its in-place manifest (``sidecar build --in-place``: no table copied),
+    and its files before the build."""
+    from ..in_place_served import in_place_copy
+
+    return in_place_copy(lambda *a: kit(engine, *a), qwen4_model, root / "qwen4_exp-in-place")
+
+
+@pytest.fixture(scope="session")
+def streamed_pread(stage, in_place_checkpoint) -> Scenario:
+    """(c) The streamed sidecar read through ``pread``, row cache off (``VLLM_PLE_ROW_CACHE_MB=0``), on the
+    checkpoint itself served in place: ``--model`` and ``VLLM_PLE_SIDECAR`` both the checkpoint, whose
+    ``ssd-stream.json`` names regions of its own shards ((b) reads the same rows from a copied sidecar)."""
+    ckpt, _ = in_place_checkpoint
+    return stage.serve("streamed-pread", ckpt, lambda s: {"greedy": greedy_runs(s)},
+                       env=streamed("pread", ckpt, VLLM_PLE_ROW_CACHE_MB="0"))
 
 
 @pytest.fixture(scope="session")

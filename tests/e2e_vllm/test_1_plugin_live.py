@@ -11,8 +11,11 @@ pid; the engine core never imports the model module. Without any ``VLLM_PLE_*`` 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+
+from sglang_ssd_stream.sidecar.format import load_manifest
 
 VERDICT = (r"vllm-ple-offload: \[warning\] source: vllm 0\.33\.0 is UNPATCHED \(.+=pristine\); accepted because "
            r"VLLM_PLE_ALLOW_UNPATCHED=1")
@@ -52,10 +55,13 @@ def test_streamed_embedding_in_api_server_and_worker(request, name):
         assert sc.grep(swap, pid), f"{role} (pid {pid}): no StreamedPLEEmbedding line\n{sc.log[-4000:]}"
     # the engine core schedules; it never imports the model module, so it has nothing to swap
     assert not sc.grep("StreamedPLEEmbedding", pids["engine_core"])
-    # the worker built both PLE layers on the sidecar's tables
+    # the worker built both PLE layers on the sidecar's tables (in place: named by their first region's shard)
+    manifest = load_manifest(Path(sc.env["VLLM_PLE_SIDECAR"]))
     for layer in (0, 1):
-        assert sc.grep(rf"sidecar {re.escape(sc.env['VLLM_PLE_SIDECAR'])}/ple/layer-{layer}\.bin rows \[0, \d+\), "
-                       rf"{backend} reads", pids["worker"]), sc.log[-4000:]
+        table = manifest.table(layer)
+        where = str(table.file) if table.in_place else f"{sc.env['VLLM_PLE_SIDECAR']}/ple/layer-{layer}.bin"
+        assert sc.grep(rf"sidecar {re.escape(where)} rows \[0, \d+\), {backend} reads", pids["worker"]), \
+            sc.log[-4000:]
     assert sc.grep(r"Using V2 Model Runner", pids["worker"])  # the runner the prompt-ahead prefetch hooks
 
 

@@ -38,6 +38,16 @@ def test_streamed_identical_to_vllm_table(request, vllm_table, name):
     assert _greedy(sc) == _greedy(vllm_table)  # token ids and logprobs, bit for bit
 
 
+def test_the_pread_start_served_the_checkpoint_in_place(streamed_pread, in_place_checkpoint):
+    """(c)'s rows came from regions of the checkpoint's own shards (a version 2 manifest), nothing copied: its
+    output equals (a)'s above."""
+    from ..in_place_served import assert_served_in_place
+
+    ckpt, before = in_place_checkpoint
+    assert streamed_pread.env["VLLM_PLE_SIDECAR"] == str(ckpt)
+    assert_served_in_place(ckpt, before)
+
+
 def test_other_rows_change_the_output(vllm_table, streamed_mmap, other_rows):
     """Other PLE rows through the same configuration as (b): every prompt's logprobs differ, so the identity
     above is not an accident of PLE contributing nothing."""

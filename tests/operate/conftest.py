@@ -53,6 +53,28 @@ def write_model(root: Path, *, sidecar: bool = True, draft: bool = True, shards:
     return root
 
 
+PLE_ROWS, PLE_COLS = 4096, 256  # one fp8 PLE table of layer 3 in two shards: 1 MiB
+
+
+def add_ple_shards(model: Path) -> int:
+    """Give ``write_model``'s model a real safetensors file of PLE shard tensors, mapped by its index (as the
+    checkpoint itself maps them; ``split_ngram_parts`` 2); returns the table's bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["text_config"]["split_ngram_parts"] = 2
+    (model / "config.json").write_text(json.dumps(cfg))
+    prefix = "model.language_model.layers.3.ple.ple_embedding.ngram_embedding"
+    ple = {f"{prefix}.shard_{k}.weight": torch.full((PLE_ROWS // 2, PLE_COLS), k + 1, dtype=torch.uint8).view(
+        torch.float8_e4m3fn) for k in range(2)}
+    save_file(ple, str(model / "model-ple.safetensors"))
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    index["weight_map"].update({n: "model-ple.safetensors" for n in ple})
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    return PLE_ROWS * PLE_COLS
+
+
 @pytest.fixture
 def model_dir(tmp_path) -> Path:
     return write_model(tmp_path / "model")

@@ -18,7 +18,7 @@ from sglang_ssd_stream.operate.capacity import (
 )
 from sglang_ssd_stream.operate.errors import ModelConfigError, PlanRefused
 
-from .conftest import SIDES, write_model
+from .conftest import SIDES, add_ple_shards, write_model
 
 CTX = 262_144
 
@@ -422,3 +422,35 @@ def test_no_attention_layer_is_refused_not_divided_by_zero(tmp_path):
     with pytest.raises(PlanRefused, match="no attention layer, so no KV per token"):
         plan(load_geometry(cfg), context_length=64, pool_tokens=None, running=1, draft_steps=0, mamba_slots=None,
              page_size=64, device_memory_gib=8, mem_fraction=0.5, weights_gib=1)
+
+
+def test_plan_leaves_an_in_place_ple_table_out_of_the_weights(tmp_path, capsys):
+    """The checkpoint itself as the model, its in-place manifest beside its index: the PLE shard tensors the
+    index maps are streamed from disk, not loaded, so the plan's resident weights leave their bytes out (and say
+    so); the same checkpoint without the manifest counts every shard."""
+    import argparse
+
+    from sglang_ssd_stream.operate import add_operate_commands
+    from sglang_ssd_stream.operate.plan_cli import _plan_weights
+    from sglang_ssd_stream.sidecar.in_place import build_in_place
+
+    m = write_model(tmp_path / "m", sidecar=False)
+    table = add_ple_shards(m)
+    files = sum(f.stat().st_size for f in m.glob("*.safetensors"))
+    p = argparse.ArgumentParser()
+    add_operate_commands(p.add_subparsers(dest="command", required=True), SIDES["sglang"])
+    argv = ["plan", "--profile", "thor", "--model", str(m), "--draft", str(m / "mtp"), "--device-memory-gib", "16"]
+
+    def weights() -> tuple[float, str]:
+        args = p.parse_args(argv)
+        assert args.func(args) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("weights:"))
+        return _plan_weights(args, 3)[0], line  # the GiB the fit above used, unrounded
+
+    before = weights()
+    build_in_place(m, progress=False)
+    after = weights()
+    draft = (m / "mtp" / "mtp.safetensors").stat().st_size
+    assert before[0] * GIB == files + draft and "in place" not in before[1]
+    assert after[0] * GIB == files - table + draft, (after, files, table)
+    assert after[1].endswith(f"(PLE tables in place, {table / GIB:.2f} GiB streamed from its shards, not counted)")

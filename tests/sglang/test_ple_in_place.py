@@ -10,6 +10,8 @@ EXPECTED = {
       for t in range(3) for d in ("float8_e4m3fn", "bfloat16") for io in ("mmap", "pread")),
     "test_a_tampered_region_is_refused_before_it_serves",
     *(f"test_in_place_through_the_row_cache_bit_identical[tp{t}]" for t in range(2)),
+    *(f"test_sglangs_weight_iterator_maps_a_ple_shard_unless_mmap_is_disabled[{m}]"
+      for m in ("default", "disable-mmap")),
 }
 
 

@@ -597,6 +597,33 @@ def test_a_hot_file_of_an_in_place_table_is_refused_once_a_shard_changes_or_its_
     assert f"{other.file} is not the file its rows were read from" in caplog.text
 
 
+def test_disk_is_counted_for_each_kind(both):
+    """The doctors' sidecar finding says what each kind costs on disk (in place: the manifest alone; copied: the
+    table files); `plan` leaves an in-place table out of the resident weights (it is streamed from the shards the
+    index maps) and the doctor counts each shard file of the model once (its regions are not a second copy)."""
+    from sglang_ssd_stream.checks.sidecar import load_finding
+    from sglang_ssd_stream.operate.capacity import in_place_ple_bytes, weights_bytes
+    from sglang_ssd_stream.sglang import doctor
+    from sglang_ssd_stream.staging.host_memory import fmt_bytes
+
+    ck, inplace, copy = both
+    tables = sum(t.bytes for t in inplace.tables)
+    assert tables == sum(t.bytes for t in copy.tables) > 1 << 20
+    shards = {r.file for t in inplace.tables for r in t.regions}
+    finding, _ = load_finding(ck.path)
+    assert finding.message.endswith(
+        f"in place: {fmt_bytes(inplace.path.stat().st_size)} on disk (the manifest; the {fmt_bytes(tables)} of "
+        f"tables are regions of {len(shards)} checkpoint shard file(s))"), finding.message
+    assert inplace.path.stat().st_size < 64 << 10
+    finding, _ = load_finding(copy.root)
+    assert finding.message.endswith(f"copied: {fmt_bytes(tables)} of table files on disk"), finding.message
+
+    files = sum(f.stat().st_size for f in ck.path.glob("*.safetensors"))
+    assert weights_bytes(ck.path) == files and in_place_ple_bytes(ck.path) == tables
+    assert in_place_ple_bytes(copy.root) == 0  # a copied sidecar's tables are not in the index's files
+    assert doctor._model_bytes(str(ck.path), []) == files  # not files + the regions again
+
+
 def test_a_view_of_an_in_place_checkpoint(tmp_path):
     """`model build-view` with the checkpoint as both snapshots: the index leaves the PLE tensors out, so an engine
     loading the view never opens them; its manifest's regions resolve to the checkpoint's own shards, those that

@@ -9,6 +9,7 @@ EXPECTED = {
     *(f"test_in_place_rows_are_the_checkpoint_rows[{b}-{d}-{c}]"
       for b in ("pread", "mmap") for d in ("bfloat16", "float8_e4m3fn") for c in ("0", "16")),
     *(f"test_a_tampered_region_is_refused_before_it_serves[{b}]" for b in ("pread", "mmap")),
+    *(f"test_vllms_weight_iterator_maps_a_ple_shard_unless_loaded_eagerly[{s}]" for s in ("default", "eager")),
 }
 
 

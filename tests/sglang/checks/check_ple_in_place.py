@@ -110,3 +110,33 @@ def test_in_place_through_the_row_cache_bit_identical(env, tmp_path, monkeypatch
     cache = emb._ssd_stream.reader
     assert isinstance(cache, RowCache) and cache.table.in_place and cache.stats["hits"] > 0
     assert all(torch.equal(g.view(torch.int16), expected.view(torch.int16)) for g in got)
+
+
+def _engine_default(name: str):
+    """sglang's own default of a model-loading server argument (``--weight-loader-disable-mmap`` etc.)."""
+    import msgspec
+    from sglang.srt.arg_groups.fields.model import Model
+
+    return next(f.default for f in msgspec.structs.fields(Model) if f.name == name)
+
+
+@pytest.mark.parametrize("disable_mmap", [None, True], ids=["default", "disable-mmap"])
+def test_sglangs_weight_iterator_maps_a_ple_shard_unless_mmap_is_disabled(tmp_path, disable_mmap):
+    """Serving the checkpoint itself (``--model-path`` the checkpoint, its in-place manifest there): the default
+    loader's iterator hands each PLE shard to the load hook as a view of the file's mapping, of which the hook
+    reads one row (the spot check): the table is not read into memory. ``--weight-loader-disable-mmap`` reads
+    each shard file whole into anonymous memory instead (docs/sidecar.md says so)."""
+    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+    from tests.loader_residency import residency, write_ple_shard
+
+    path = tmp_path / "model-00001-of-00001.safetensors"
+    nbytes = write_ple_shard(path)
+    if disable_mmap is None:
+        disable_mmap = _engine_default("weight_loader_disable_mmap")
+        assert disable_mmap is False
+    r = residency(safetensors_weights_iterator([str(path)], disable_mmap=disable_mmap), path)
+    if disable_mmap:
+        assert r.mapped_file is None and r.anon_growth >= nbytes, r
+    else:
+        assert r.mapped_file == str(path) and r.anon_growth < nbytes // 8, r

@@ -86,3 +86,25 @@ def test_a_tampered_region_is_refused_before_it_serves(tmp_path, monkeypatch, ba
     with pytest.raises(SystemExit, match=rf"sidecar_sha: PLE table {region.path} \(layer 3\) has SHA-256 .*"
                                          rf"tensor {region.tensor}: rows \[{region.row_start}, {region.row_end}\)"):
         harness.load_plugins(monkeypatch, settings(backend, manifest.path))  # the plugin's preflight hashes
+
+
+@pytest.mark.parametrize("strategy", ["default", "eager"])
+def test_vllms_weight_iterator_maps_a_ple_shard_unless_loaded_eagerly(tmp_path, strategy):
+    """Serving the checkpoint itself (``--model`` and ``VLLM_PLE_SIDECAR`` the checkpoint): the default loader's
+    iterator hands each PLE shard to the streamed embedding's ``weight_loader`` as a view of the file's mapping,
+    of which it reads one row (the spot check): the table is not read into memory.
+    ``--safetensors-load-strategy eager`` reads each shard file whole into anonymous memory instead."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+    from tests.loader_residency import residency, write_ple_shard
+
+    path = tmp_path / "model-00001-of-00001.safetensors"
+    nbytes = write_ple_shard(path)
+    chosen = LoadConfig().safetensors_load_strategy if strategy == "default" else strategy
+    r = residency(safetensors_weights_iterator([str(path)], use_tqdm_on_load=False,
+                                               safetensors_load_strategy=chosen), path)
+    if chosen == "eager":
+        assert r.mapped_file is None and r.anon_growth >= nbytes, r
+    else:
+        assert r.mapped_file == str(path) and r.anon_growth < nbytes // 8, r

@@ -4,17 +4,13 @@ Every engine process the tests start runs the engine's Triton kernels in triton 
 call per program; the servers' kernels run one program per token. Measured on the CPU box, 40-55 % of such a
 kernel's time was not the kernel: the interpreter re-patches ``triton.language`` (four ``inspect.getmembers``
 scans) at every launch *and at every call of a nested ``@jit`` function* (``tl.sigmoid``, a reduction's combine
-function, ...), which is once per program. Three changes, none to what a kernel computes:
+function, ...), which is once per program. Two changes, both bookkeeping, none to what a kernel computes:
 
 1. Within one launch, a nested call whose language modules this launch has already patched does not patch them
    again: the patches it would install are the ones in place (same members, same interpreter semantic). Its
    first patch of a module the launch has not patched yet is made as upstream makes it (and, as upstream, kept).
 2. ``_patch_builtin`` lists a module's builtins once (they are fixed at import) and patches those whose current
    value is still a builtin: the members upstream's per-call ``inspect.getmembers`` scan selects.
-3. A BF16 to FP32 cast (every ``.to(tl.float32)`` of a BF16 load; a quarter of an MTP server's samples) is the
-   16-bit pattern shifted left by 16, where no element is subnormal: the bits upstream's general
-   ``_convert_float`` computes there (all 65,282 such patterns compared). An array with a subnormal element
-   goes to upstream's routine, whose result for those differs from the shift (it flushes some to zero).
 
 Installed only on the interpreter source this module knows (``KNOWN``: SHA-256 of ``triton/runtime/interpreter.py``),
 before any launch; any other source runs unchanged and says so once. ``tests/test_triton_interpreter.py`` runs
@@ -46,18 +42,6 @@ def source_sha256(interp) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def bf16_bits_to_f32_bits(bits):
-    """FP32 bit patterns of BF16 ones (uint16 -> uint32, same shape), or None when one is subnormal (upstream's
-    routine decides those)."""
-    import numpy as np
-
-    if np.any(((bits & 0x7F80) == 0) & ((bits & 0x007F) != 0)):
-        return None
-    out = bits.astype(np.uint32)
-    out <<= 16  # in place: a 0-d input stays an array, as upstream returns
-    return out
-
-
 def install(interp=None) -> bool:
     """Install on ``triton.runtime.interpreter`` (imported here unless given); True when installed."""
     if _state["installed"]:
@@ -71,8 +55,6 @@ def install(interp=None) -> bool:
             _say(f"{interp.__file__} has SHA-256 {sha}, not one this module knows; the interpreter runs unchanged")
         return False
     import inspect
-
-    import numpy as np
 
     tl = interp.tl
     upstream_patch_lang = interp._patch_lang
@@ -110,16 +92,6 @@ def install(interp=None) -> bool:
         finally:
             _tls.done = outer
 
-    upstream_convert = interp._convert_float
-
-    def _convert_float(input, input_dtype, output_dtype, rounding_mode):
-        if input_dtype == tl.bfloat16 and output_dtype == tl.float32 and input.dtype == np.uint16:
-            fast = bf16_bits_to_f32_bits(input)
-            if fast is not None:
-                return fast
-        return upstream_convert(input, input_dtype, output_dtype, rounding_mode)
-
-    interp._convert_float = _convert_float
     interp._patch_builtin = _patch_builtin
     interp._patch_lang = _patch_lang
     interp.GridExecutor.__call__ = __call__

@@ -68,32 +68,3 @@ def test_an_unknown_interpreter_source_is_left_as_shipped(sglang, tmp_path):
     assert r.stdout.strip() == "False"
     assert "not one this module knows; the interpreter runs unchanged" in r.stderr
     assert len(KNOWN) == 1
-
-
-CAST_CHECK = """
-import numpy as np, triton.language as tl
-import triton.runtime.interpreter as I
-upstream = I._convert_float
-import tests.triton_interpreter as t
-assert t.install(I) and I._convert_float is not upstream
-every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-sub = ((every & 0x7F80) == 0) & ((every & 0x007F) != 0)
-normal = every[~sub].reshape(-1, 2)
-for x in (normal, normal[:1, :1].reshape(()), every[sub], every, np.array([0, 0x8000], np.uint16)):
-    a, b = upstream(x, tl.bfloat16, tl.float32, None), I._convert_float(x, tl.bfloat16, tl.float32, None)
-    assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), x.shape
-assert t.bf16_bits_to_f32_bits(every) is None and t.bf16_bits_to_f32_bits(normal) is not None
-x = np.linspace(-3, 3, 7, dtype=np.float32)
-assert np.array_equal(I._convert_float(x, tl.float32, tl.bfloat16, None), upstream(x, tl.float32, tl.bfloat16, None))
-print(int(sub.sum()), normal.size)
-"""
-
-
-def test_the_bf16_cast_shortcut_gives_upstreams_bits_for_every_pattern(sglang):
-    """Every one of the 65,536 BF16 patterns cast to FP32: the shift where no element is subnormal (65,282 of them,
-    as one array and as a 0-d one), upstream's routine for arrays holding one of the 254 subnormals; FP32 to BF16
-    is untouched."""
-    r = subprocess.run([sglang.python, "-c", CAST_CHECK], capture_output=True, text=True, timeout=300,
-                       env=sglang.env({OFF_SWITCH: "upstream"}))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert r.stdout.split() == ["254", "65282"]

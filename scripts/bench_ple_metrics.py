@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.ple_metrics.gpu_overhead import TimedObserver, summary  # noqa: E402 - one timing for CPU and GPU
 
 
 def main() -> int:
@@ -90,32 +91,15 @@ def main() -> int:
             (on if observer is not None else off).append(time.perf_counter() - t)
     after = cache.stats
     metrics.publish()
-    calls, spent, publishes = [], [], []
+    calls, publishes = [], []
 
-    class Timed:  # the publisher, its calls timed inside real lookups
-        def read(self, seconds):
-            t = time.perf_counter()
-            publisher.read(seconds)
-            spent.append(time.perf_counter() - t)
-
-        def waited(self, seconds):
-            t = time.perf_counter()
-            publisher.waited(seconds)
-            calls.append(spent.pop() + time.perf_counter() - t)
-
-    gather.observer = Timed()
+    gather.observer = TimedObserver(publisher, calls)
     for i in range(min(args.pairs, 300)):
         gather.begin(lookups[i % len(lookups)], out)
         t = time.perf_counter()
         publisher.publish()  # one lookup's durations and increases
         publishes.append(time.perf_counter() - t)
     gather.observer = None
-
-    def summary(xs):
-        xs = sorted(xs)
-        cut = xs[len(xs) // 10: len(xs) - len(xs) // 10]
-        return {"median_us": statistics.median(xs) * 1e6, "trimmed_mean_us": statistics.fmean(cut) * 1e6,
-                "p10_us": xs[len(xs) // 10] * 1e6, "p90_us": xs[9 * len(xs) // 10] * 1e6}
 
     s_on, s_off, s_calls = summary(on), summary(off), summary(calls)
     looked = after["lookups"] - before["lookups"]

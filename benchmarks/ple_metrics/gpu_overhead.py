@@ -78,6 +78,28 @@ def summary(xs: list[float]) -> dict:
             "p10_us": xs[len(xs) // 10] * 1e6, "p90_us": xs[9 * len(xs) // 10] * 1e6, "n": len(xs)}
 
 
+class TimedObserver:
+    """A layer's publisher as a gather's observer, its calls timed inside real lookups: ``read`` runs on the staging
+    thread, ``waited`` after it, so one lookup's cost is their sum, appended to ``calls``. Shared with the CPU
+    measurement (scripts/bench_ple_metrics.py)."""
+
+    def __init__(self, publisher, calls: list[float]):
+        self.publisher, self.calls, self._read = publisher, calls, []
+
+    def read(self, seconds):
+        t = time.perf_counter()
+        self.publisher.read(seconds)
+        self._read.append(time.perf_counter() - t)
+
+    def waited(self, seconds):
+        t = time.perf_counter()
+        self.publisher.waited(seconds)
+        self.calls.append(self._read.pop() + time.perf_counter() - t)
+
+    def refused(self, exc):
+        self.publisher.refused(exc)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (the check off the GPU)")
@@ -194,23 +216,9 @@ def measure(args, pairs: int, work: Path) -> int:
             (on if observer is not None else off).append(lookup(ids))
     after = cache.stats
     metrics.publish()
-    calls, spent, publishes = [], [], []
+    calls, publishes = [], []
 
-    class Timed:  # the publisher, its calls timed inside real lookups (read on the staging thread, then waited)
-        def read(self, seconds):
-            t = time.perf_counter()
-            publisher.read(seconds)
-            spent.append(time.perf_counter() - t)
-
-        def waited(self, seconds):
-            t = time.perf_counter()
-            publisher.waited(seconds)
-            calls.append(spent.pop() + time.perf_counter() - t)
-
-        def refused(self, exc):
-            publisher.refused(exc)
-
-    gather.observer = Timed()
+    gather.observer = TimedObserver(publisher, calls)
     for i in range(min(pairs, 300)):
         lookup(lookups[i % len(lookups)])
         t = time.perf_counter()

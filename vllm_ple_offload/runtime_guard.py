@@ -63,17 +63,19 @@ class _Verified:
     """One watched file as verified: its bytes, module code and AST (read once)."""
 
     def __init__(self, site_packages: Path, path: str):
-        from sglang_ssd_stream.patching.state import function_sha256
-
         self.path = site_packages / path
         self.rel = path
         self.data = self.path.read_bytes()
         self.code = compile(self.data, str(self.path), "exec", dont_inherit=True)
         self.tree = ast.parse(self.data)
-        self._sha = function_sha256
+        self._functions = None  # parsed for the hashes at the first one (the guard's own parse of the text)
 
     def sha256(self, qualname: str) -> str | None:
-        return self._sha(self.data, qualname)
+        from sglang_ssd_stream.patching.state import SourceFunctions
+
+        if self._functions is None:
+            self._functions = SourceFunctions(self.data)
+        return self._functions.sha256(qualname)
 
 
 def _live(module, qualname: str):

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import EnvironmentProblem
 from .diff import HunkMismatch, apply_file, load_patch, upstream_status
 from .manifest import Manifest, dump_manifest
-from .state import function_sha256
+from .state import SourceFunctions
 from .wheels import fetch_wheel, wheel_file_bytes
 
 IDENTICAL, MOVED, UPSTREAM, CONFLICT = "identical", "moved", "upstream", "conflict"
@@ -107,10 +107,17 @@ def analyse_release(manifest: Manifest, release: str, files: dict[str, bytes | N
         if klass in (IDENTICAL, MOVED):
             kept_patches.append(patch)
 
+    parsed: dict[str, SourceFunctions] = {}
+
+    def watched_sha256(path: str, function: str) -> str | None:  # each file parsed once
+        if path not in parsed:
+            parsed[path] = SourceFunctions(files[path])
+        return parsed[path].sha256(function)
+
     watch = []
     for w in manifest.watch:
         data = files.get(w.path)
-        got = function_sha256(data, w.function) if data is not None else None
+        got = watched_sha256(w.path, w.function) if data is not None else None
         state = "missing" if got is None else "same" if got == w.sha256 else "changed"
         watch.append({"id": w.id, "path": w.path, "function": w.function, "state": state, "why": w.why})
 
@@ -127,9 +134,9 @@ def analyse_release(manifest: Manifest, release: str, files: dict[str, bytes | N
                        "patches": [p for p in e.patches if p in kept_ids]}
                       for e in manifest.files if any(p in kept_ids for p in e.patches)],
             "watch": [{"id": w.id, "path": w.path, "function": w.function,
-                       "sha256": function_sha256(files[w.path], w.function), "why": w.why}
+                       "sha256": watched_sha256(w.path, w.function), "why": w.why}
                       for w in manifest.watch if files.get(w.path) is not None
-                      and function_sha256(files[w.path], w.function) is not None],
+                      and watched_sha256(w.path, w.function) is not None],
         }
     return ReleaseDrift(release, source, results, watch, mismatch, candidate)
 

@@ -21,7 +21,7 @@ from ..errors import KitError
 from ..findings import ERROR, OK, WARNING, Finding
 from .engines import ENGINES
 from .files import NotAFile
-from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN, function_sha256, open_site, read_target
+from .state import MISSING, OUTDATED, PATCHED, PRISTINE, UNKNOWN, SourceFunctions, open_site, read_target
 
 # Verdict states, beyond the per-file ones.
 MIXED, PENDING, NO_VERDICT = "mixed", "pending", "error"
@@ -143,12 +143,15 @@ def verdict(engine_name: str, *, python: str | None = None, site_packages: Path 
                 sources[w.path] = exc
     finally:
         os.close(site_fd)
+    parsed: dict[str, SourceFunctions] = {}  # each watched file parsed once, however many functions it holds
     for w in report.manifest.watch:
         try:
             src = sources[w.path]
             if isinstance(src, Exception):
                 raise src
-            got = function_sha256(src, w.function)
+            if w.path not in parsed:
+                parsed[w.path] = SourceFunctions(src)
+            got = parsed[w.path].sha256(w.function)
         except (OSError, NotAFile, KitError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
             got, detail = None, f"is unreadable ({exc})"
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +35,47 @@ def function_node(tree: ast.Module, qualname: str) -> ast.AST | None:
     return node
 
 
+# A line and its end (\r\n, \n or \r; form feeds stay inside): the split ast.get_source_segment makes
+# (CPython 3.12's pattern; 3.11 splits the same way, one character at a time).
+_LINE = re.compile(r"(.*?(?:\r\n|\n|\r|$))")
+
+
+class SourceFunctions:
+    """One source file, parsed once: the SHA-256 of any function's exact source segment in it.
+
+    Several functions of one file are watched (eight of sglang's ``qwen4_exp.py``); hashing each through
+    ``ast.parse`` and ``ast.get_source_segment`` parsed and split the whole file again per function, in every
+    engine process the guard runs in."""
+
+    def __init__(self, source: bytes):
+        self.text = source.decode("utf-8")
+        self.tree = ast.parse(self.text)
+        self._lines: list[str] | None = None
+
+    def segment(self, node: ast.AST) -> str | None:
+        """``ast.get_source_segment(text, node)``, with the file split into lines once."""
+        end_lineno, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+        if end_lineno is None or end_col is None:
+            return None
+        if self._lines is None:
+            self._lines = [m[0] for m in _LINE.finditer(self.text)]
+        first, last, col = node.lineno - 1, end_lineno - 1, node.col_offset
+        lines = self._lines
+        if first == last:
+            return lines[first].encode()[col:end_col].decode()
+        return "".join([lines[first].encode()[col:].decode(), *lines[first + 1:last],
+                        lines[last].encode()[:end_col].decode()])
+
+    def sha256(self, qualname: str) -> str | None:
+        """SHA-256 of ``qualname``'s source segment (``Class.method`` or ``function``); None if absent."""
+        node = function_node(self.tree, qualname)
+        segment = None if node is None else self.segment(node)
+        return hashlib.sha256(segment.encode()).hexdigest() if segment is not None else None
+
+
 def function_sha256(source: bytes, qualname: str) -> str | None:
     """SHA-256 of a function's exact source segment (``Class.method`` or ``function``); None if absent."""
-    text = source.decode("utf-8")
-    node = function_node(ast.parse(text), qualname)
-    segment = None if node is None else ast.get_source_segment(text, node)
-    return hashlib.sha256(segment.encode()).hexdigest() if segment is not None else None
+    return SourceFunctions(source).sha256(qualname)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from ..engine import EngineVenv, engine_venv
 from . import probes
 from .models import VOCAB
 from .probes import token_ids
-from .server import HYBRID_CAPS, ServerFailed, SglangServer, build_stub_driver, request_failed, stop_all
+from .server import HYBRID_CAPS, ServerFailed, SglangServer, build_stub_driver, request_failed, shared_tls, stop_all
 
 ALLOW_UNPATCHED = {"SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
 # patch 0007's settings, lowered so the survey's oversized body and half-sent request cost little time
@@ -321,7 +321,7 @@ def metrics_at_idle(server: SglangServer) -> str:
     from sglang_ssd_stream.ple_metrics.publish import PUBLISH_INTERVAL_S
 
     time.sleep(2.5 * PUBLISH_INTERVAL_S)
-    return httpx.get(f"{server.url}/metrics", timeout=30).text
+    return httpx.get(f"{server.url}/metrics", verify=shared_tls(), timeout=30).text
 
 
 def qwen4_args(*extra: str) -> list[str]:

@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from .server import CONTEXT, POLL_S, SglangServer
+from .server import CONTEXT, POLL_S, SglangServer, shared_tls
 
 BODY_LIMIT_MB = 4  # SGLANG_MAX_REQUEST_BODY_MB for the survey's servers (patch 0007; default 16)
 BODY_TIMEOUT_S = 5  # SGLANG_REQUEST_BODY_TIMEOUT for them (default 30)
@@ -40,7 +40,7 @@ LOAD_KEYS = ("timestamp", "num_running_reqs", "num_waiting_reqs", "num_used_toke
 
 def loads(server: SglangServer) -> dict:
     """The scheduler's live counters (``/v1/loads``; ``/metrics`` gauges lag until the next log interval)."""
-    now = httpx.get(f"{server.url}/v1/loads", timeout=30).json()["loads"][0]
+    now = httpx.get(f"{server.url}/v1/loads", verify=shared_tls(), timeout=30).json()["loads"][0]
     return {k: now[k] for k in LOAD_KEYS if k in now}
 
 
@@ -140,7 +140,7 @@ def disconnects(server: SglangServer) -> dict:
     body = {"model": str(server.model), "prompt": token_ids(n, 5), "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True}
     # streaming: two chunks, then close
-    with httpx.Client(timeout=BOUND) as client:
+    with httpx.Client(timeout=BOUND, verify=shared_tls()) as client:
         with client.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}) as r:
             chunks, busy, since = 0, 0, time.time()
             for line in r.iter_lines():
@@ -180,7 +180,7 @@ def disconnects(server: SglangServer) -> dict:
 def alive(server: SglangServer) -> bool:
     """The server still serves: /health answers and an ordinary request completes."""
     try:
-        if httpx.get(f"{server.url}/health", timeout=30).status_code != 200:
+        if httpx.get(f"{server.url}/health", verify=shared_tls(), timeout=30).status_code != 200:
             return False
         return completion(server, token_ids(8, 3), 2, timeout=60)["status"] == 200
     except httpx.HTTPError:
@@ -189,8 +189,8 @@ def alive(server: SglangServer) -> bool:
 
 def _raw(server: SglangServer, payload: bytes, *, content_type: str = "application/json", path="/v1/completions",
          timeout: float = 60.0):
-    return httpx.post(f"{server.url}{path}", content=payload, headers={"content-type": content_type},
-                      timeout=timeout)
+    return httpx.post(f"{server.url}{path}", verify=shared_tls(), content=payload,
+                      headers={"content-type": content_type}, timeout=timeout)
 
 
 def _half_request(server: SglangServer, wait: float = 30.0) -> dict:

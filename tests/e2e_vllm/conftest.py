@@ -41,7 +41,7 @@ import httpx
 import pytest
 
 from ..e2e.probes import token_ids
-from ..e2e.server import ServerFailed, request_failed, stop_all
+from ..e2e.server import ServerFailed, request_failed, shared_tls, stop_all
 from ..engine import EngineVenv, engine_venv
 from .models import make_qwen4_exp_vllm
 from .server import VllmServer
@@ -385,7 +385,7 @@ def spec_counters(server: VllmServer) -> dict:
     tokens per draft position (``per_position``)."""
     import httpx
 
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    text = httpx.get(f"{server.url}/metrics", verify=shared_tls(), timeout=30).text
     out: dict = {name: 0.0 for name in SPEC_COUNTERS}
     per_position: dict[int, float] = {}
     for line in text.splitlines():
@@ -428,7 +428,7 @@ def metrics_at_idle(server: VllmServer) -> str:
     from sglang_ssd_stream.ple_metrics.publish import PUBLISH_INTERVAL_S
 
     time.sleep(2.5 * PUBLISH_INTERVAL_S)
-    return httpx.get(f"{server.url}/metrics", timeout=30).text
+    return httpx.get(f"{server.url}/metrics", verify=shared_tls(), timeout=30).text
 
 
 BAD_KNOB = ("VLLM_PLE_FETCH_WORKERS", "+8")  # int() would take it; the plugin's one rule for numbers does not

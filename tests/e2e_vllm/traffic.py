@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from ..e2e.probes import token_ids
+from ..e2e.server import shared_tls
 from .server import SERVED_NAME, VllmServer
 
 BOUND = 300.0  # seconds any one request may take here (a 56-token prefill is ~15 s on 2 busy cores)
@@ -79,7 +80,7 @@ def completion(server: VllmServer, prompt, max_tokens: int, timeout: float = BOU
     body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "return_token_ids": True}
     try:
-        r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=timeout)
+        r = httpx.post(f"{server.url}/v1/completions", verify=shared_tls(), json=body, timeout=timeout)
         out = {"status": r.status_code, "seconds": time.monotonic() - t0}
         if r.status_code == 200:
             choice = r.json()["choices"][0]

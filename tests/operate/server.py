@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..e2e.server import shared_tls
+
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -70,7 +72,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"transformers serve exited {self.proc.returncode}: {self.log_text()[-2000:]}")
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", verify=shared_tls(), timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

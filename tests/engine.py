@@ -36,7 +36,7 @@ class EngineVenv:
         env.update({"HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "TRITON_INTERPRET": "1",
                     "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO)})
         env.update(extra or {})
-        return env
+        return {k: v for k, v in env.items() if v is not None}  # an extra variable set to None: unset
 
     def cli(self, *args: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
         tool = "sglang_ssd_stream" if self.name == "sglang" else "vllm_ple_offload.cli"
@@ -85,8 +85,19 @@ class EngineVenv:
     # more than the new processes would, on a busy box less: a zygote importing beside them slows them down.
     zygote_wait: float | None = 600.0
 
+    def run_script(self, script: str, *args: str, extra_env: dict | None = None,
+                   timeout: int = 600) -> subprocess.CompletedProcess:
+        """``python SCRIPT ARGS`` in the venv (a path relative to the repo), for a check that needs a process per
+        case: a fork of the venv's zygote under the same rule as the checks, else a new process."""
+        with tempfile.TemporaryDirectory() as tmp:
+            r = self._forked(list(args), extra_env, timeout, Path(tmp), script=str(REPO / script))
+        if r is None:
+            r = subprocess.run([self.python, str(REPO / script), *args], cwd=REPO, capture_output=True, text=True,
+                               env=self.env(extra_env), timeout=timeout)
+        return r
+
     def _forked(self, args: list[str], extra_env: dict | None, timeout: float,
-                tmp: Path) -> subprocess.CompletedProcess | None:
+                tmp: Path, script: str | None = None) -> subprocess.CompletedProcess | None:
         """The check run as a fork of the venv's zygote, or None where the rule (tests/forkserver.py) says a
         new process: the server is off, still importing, busy, dead, or the check's environment differs."""
         if not forkserver.enabled():
@@ -102,14 +113,14 @@ class EngineVenv:
             return None
         try:
             out, err = tmp / "stdout", tmp / "stderr"
-            code = zygote.run(args, self.env(extra_env, home=str(zygote.home)), REPO, timeout, out, err)
+            code = zygote.run(args, self.env(extra_env, home=str(zygote.home)), REPO, timeout, out, err, script)
         except EOFError as exc:  # the zygote died under this check: a new process runs it again
             zygote.failed = str(exc)
             return None
         finally:
             zygote.lock.release()
         read = lambda p: p.read_text(errors="replace") if p.exists() else ""  # noqa: E731
-        return subprocess.CompletedProcess(["zygote", *args], code, read(out), read(err))
+        return subprocess.CompletedProcess(["zygote", *([script] if script else []), *args], code, read(out), read(err))
 
 
 def junit_outcomes(xml: Path) -> dict[str, str]:

@@ -142,13 +142,15 @@ class Zygote:
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.copytree(self.template, self.home, symlinks=True)
 
-    def run(self, args: list[str], env: dict, cwd: Path, timeout: float, out: Path, err: Path) -> int:
-        """Fork one ``python -m pytest ARGS`` (its own session); kill its group past ``timeout``."""
+    def run(self, args: list[str], env: dict, cwd: Path, timeout: float, out: Path, err: Path,
+            script: str | None = None) -> int:
+        """Fork one ``python -m pytest ARGS``, or ``python SCRIPT ARGS`` (its own session); kill its group past
+        ``timeout``."""
         self._fresh_home()
         env = {**env, **self.ready["delta"]}
         for key in self.ready.get("removed", []):
             env.pop(key, None)
-        req = {"args": args, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        req = {"args": args, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "script": script}
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
         self.proc.stdin.flush()
         started = self._message(60)
@@ -163,7 +165,7 @@ class Zygote:
             except ProcessLookupError:
                 pass
             self._message(60)  # its exit
-            raise subprocess.TimeoutExpired([self.python, "-m", "pytest", *args], timeout)
+            raise subprocess.TimeoutExpired([self.python, *([script] if script else ["-m", "pytest"]), *args], timeout)
         return done["code"]
 
     def close(self) -> None:

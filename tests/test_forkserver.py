@@ -236,3 +236,45 @@ def test_a_check_no_zygote_may_run_starts_none(monkeypatch):
     eng = EngineVenv("sglang", sys.executable)
     assert eng._forked(["--version"], {"TRITON_INTERPRET": "0"}, 10, Path("/nonexistent")) is None
     assert forkserver.known_zygote(sys.executable) is None
+
+
+SCRIPTS = {  # python SCRIPT ARGS as a check's probe runs it (EngineVenv.run_script): each must end the same forked
+    "plain": "import sys\nprint('args', sys.argv[1:])\nprint('to stderr', file=sys.stderr)\n",
+    "exit-message": "import sys\nprint('before')\nsys.exit('KnobError: BUDGET=abc is not an integer')\n",
+    "exit-code": "raise SystemExit(3)\n",
+    "exception": "def f():\n    raise ValueError('boom')\nf()\n",
+    "thread-and-atexit": ("import atexit, threading, time\natexit.register(lambda: print('atexit ran', flush=True))\n"
+                          "def late():\n    time.sleep(0.3)\n    print('thread finished', flush=True)\n"
+                          "threading.Thread(target=late).start()\nprint('main done')\n"),
+    "engine-fresh": ("import os, sys\nprint('sglang' in sys.modules, sys.path[0] == os.path.dirname(__file__))\n"
+                     "import sglang\nprint(os.environ['SGLANG_KNOB'])\n"),
+}
+
+
+def test_a_script_ends_as_python_script_does(stand_in):
+    zygote, env, work, tmp = stand_in
+    assert zygote.wait_ready(120) is not None, zygote.failed
+    env = {**env, "SGLANG_KNOB": "on"}
+    got = {}
+    for name, text in SCRIPTS.items():
+        script = work / f"{name}.py"
+        script.write_text(text)
+        out, err = tmp / f"{name}.out", tmp / f"{name}.err"
+        code = zygote.run(["arg1", "arg 2"], env, work, 60, out, err, script=str(script))
+        forked = (code, out.read_text(), err.read_text())
+        r = subprocess.run([sys.executable, str(script), "arg1", "arg 2"], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=60)
+        fresh = (r.returncode, r.stdout, r.stderr)
+        if name == "exception":  # the forked traceback starts in the zygote: compare from the script's frames on
+            assert forked[0] == fresh[0] == 1 and forked[1] == fresh[1] == ""
+            assert forked[2].startswith("Traceback") and fresh[2].startswith("Traceback")
+            tail = fresh[2].split(f'File "{script}"', 1)[1]
+            assert forked[2].endswith(tail), forked[2]
+        else:
+            assert forked == fresh, name
+        got[name] = forked
+    assert got["plain"] == (0, "args ['arg1', 'arg 2']\n", "to stderr\n")
+    assert got["exit-message"] == (1, "before\n", "KnobError: BUDGET=abc is not an integer\n")
+    assert got["exit-code"][0] == 3
+    assert got["thread-and-atexit"] == (0, "main done\nthread finished\natexit ran\n", "")
+    assert got["engine-fresh"] == (0, "False True\non\n", "")  # the engine imported in the script, not before

@@ -11,7 +11,8 @@ Standard library only, never imported as part of the ``tests`` package (it runs 
 3. answers ``ready`` with what the client's rule needs (tests/forkserver.py), then serves ``run`` requests: each
    is a fork whose child takes its own session, replaces ``os.environ``, cwd, ``sys.argv``, ``sys.path[0]`` and
    ``__main__`` as ``python -m pytest`` would have them, sends stdout/stderr to files and runs pytest's
-   ``__main__``; the interpreter then exits as any process does (threads joined, atexit handlers run).
+   ``__main__`` (or, for a request naming a ``script``, that script as ``python SCRIPT ARGS`` runs it); the
+   interpreter then exits as any process does (threads joined, atexit handlers run).
 
 It reads its requests on stdin and exits when stdin ends (its parent, the outer pytest, is gone), killing a check
 it still runs. No Python threads before a fork: the zygote only imports (``ready`` reports its thread counts).
@@ -263,14 +264,21 @@ def child(req: dict) -> None:
     os.environ.update(req["env"])
     if "numpy.random" in sys.modules:  # a fresh process seeds numpy's global generator from the OS
         sys.modules["numpy.random"].seed()
+    import runpy
+
+    if req.get("script"):  # python SCRIPT ARGS: the script's folder first; it ends as a script ends
+        script = req["script"]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        sys.argv = [script, *req["args"]]
+        sys.orig_argv = [sys.orig_argv[0], script, *req["args"]]
+        runpy.run_path(script, run_name="__main__")
+        raise SystemExit(0)  # a script that returns: exit 0, threads joined and exit handlers run by the interpreter
     sys.path[0] = req["cwd"]  # python -m: the working directory first
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     sys.argv = ["-m", *req["args"]]
     sys.orig_argv = [sys.orig_argv[0], "-m", "pytest", *req["args"]]
-    import runpy
-
     runpy._run_module_as_main("pytest")  # sets sys.argv[0] to pytest/__main__.py; raises SystemExit
 
 
@@ -311,6 +319,8 @@ def serve(ready: dict) -> None:
                 except SystemExit:
                     raise  # the interpreter exits as python -m pytest would
                 except BaseException:  # noqa: B036 - the child must never return into the zygote's loop
+                    if req.get("script"):
+                        raise  # the interpreter prints it and exits 1, as it does for python SCRIPT
                     import traceback
 
                     traceback.print_exc()

@@ -6,7 +6,9 @@ set inside its probe processes so the plugin guard lets sglang start.
 
 from __future__ import annotations
 
-from ..engine import outcomes_only
+import json
+
+from ..engine import REPO, outcomes_only
 
 CHECK = "tests/sglang/checks/check_qsa_budget_knob.py"
 TESTS = {
@@ -17,7 +19,23 @@ TESTS = {
 }
 
 
-def test_budget_knob_in_real_sglang_processes(sglang):
+def _check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_qsa_budget_knob", REPO / CHECK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # its top level imports only the standard library and pytest
+    return module
+
+
+def test_budget_knob_in_real_sglang_processes(sglang, tmp_path):
     sglang.ensure_pristine()
-    results = sglang.run_checks(CHECK)
+    check = _check_module()
+    for name, (mode, budget) in check.PROBES.items():  # one process each: load_plugins() runs once per process
+        proc = sglang.run_script(CHECK, "probe", mode, str(tmp_path / f"{name}.json"),
+                                 extra_env={check.BUDGET_ENV: None, **check.probe_env(budget)})
+        (tmp_path / f"{name}.proc.json").write_text(json.dumps(
+            {"args": [str(a) for a in proc.args], "returncode": proc.returncode, "stdout": proc.stdout,
+             "stderr": proc.stderr}))
+    results = sglang.run_checks(CHECK, extra_env={"QSA_CHECK_OUT": str(tmp_path)})
     assert outcomes_only(results) == {t: "passed" for t in TESTS}, results["__output__"]

@@ -3,8 +3,11 @@
 ``SGLANG_QSA_PREFILL_LOGITS_BUDGET_MB`` is applied by our ``sglang.srt.plugins`` entry point
 (``ssd_stream``) when sglang's own ``load_plugins()`` runs, by setting
 ``qsa_indexer._QSA_PREFILL_LOGITS_BUDGET_BYTES``, which ``_qsa_prefill_row_chunk_size`` reads at
-call time. Each case runs in a fresh interpreter (this file run as a script, ``probe`` mode)
-because ``load_plugins()`` runs once per process, as in a scheduler process.
+call time. Each case runs in a process of its own (this file run as a script, ``probe`` mode) because
+``load_plugins()`` runs once per process, as in a scheduler process: the outer test
+(tests/sglang/test_qsa_budget_knob.py) runs the :data:`PROBES` through ``EngineVenv.run_script`` (a fork of the
+venv's zygote that imports sglang and the kit afresh, else a new interpreter) and hands their exit status, output
+and results to these checks in ``$QSA_CHECK_OUT``.
 
 The plugin's guard refuses a pristine sglang unless ``SGLANG_SSD_STREAM_ALLOW_UNPATCHED=1``; the
 knob does not depend on any patch, so the probes set it and the check passes on pristine and
@@ -101,27 +104,31 @@ if __name__ == "__main__" and sys.argv[1:2] == ["probe"]:
 # --------------------------------------------------------------------------------------------
 
 
-def _probe_env(budget: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != BUDGET_ENV}
-    env.update({"SGLANG_PLUGINS": "ssd_stream", "SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"})
+def probe_env(budget: str | None) -> dict:
+    """What a probe process's environment adds to a check's (the plugin, the guard's escape, the budget)."""
+    env = {"SGLANG_PLUGINS": "ssd_stream", "SGLANG_SSD_STREAM_ALLOW_UNPATCHED": "1"}
     if budget is not None:
         env[BUDGET_ENV] = budget
     return env
 
 
-def run_probes(tmp_path: Path, mode: str, budgets: dict[str, str | None]) -> dict:
-    """Run one probe per budget, concurrently; returns {name: (process, result or None)}."""
-    procs = {name: subprocess.Popen([sys.executable, __file__, "probe", mode, str(tmp_path / f"{name}.json")],
-                                    env=_probe_env(budget), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
-             for name, budget in budgets.items()}
-    done = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=600)
-        out = tmp_path / f"{name}.json"
-        done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
-                      json.loads(out.read_text()) if out.exists() else None)
-    return done
+# The probes the outer test runs (tests/sglang/test_qsa_budget_knob.py), one process each: name -> (mode, budget).
+# A probe's environment lacks the budget variable where its budget is None.
+PROBES = {"128": ("select", "128"), "32": ("select", "32"), "1": ("select", "1"), "unset": ("untouched", None),
+          **{f"bad{i}": ("chunk", raw) for i, raw in enumerate(
+              ("abc", "", "0", "-1", "65537", "1" + "0" * 30))}}
+
+
+def probe_runs(names) -> dict:
+    """The outer test's probe processes, from $QSA_CHECK_OUT: {name: (process, result or None)}."""
+    out = Path(os.environ["QSA_CHECK_OUT"])
+    runs = {}
+    for name in names:
+        proc = json.loads((out / f"{name}.proc.json").read_text())
+        result = out / f"{name}.json"
+        runs[name] = (subprocess.CompletedProcess(proc["args"], proc["returncode"], proc["stdout"], proc["stderr"]),
+                      json.loads(result.read_text()) if result.exists() else None)
+    return runs
 
 
 def _ok(proc, result):
@@ -131,9 +138,8 @@ def _ok(proc, result):
 
 
 @pytest.fixture(scope="module")
-def selections(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("select")
-    return tmp, run_probes(tmp, "select", {"128": "128", "32": "32", "1": "1"})
+def selections():
+    return Path(os.environ["QSA_CHECK_OUT"]), probe_runs(("128", "32", "1"))
 
 
 def test_budget_32_gives_smaller_chunks_than_default(selections):
@@ -143,8 +149,8 @@ def test_budget_32_gives_smaller_chunks_than_default(selections):
     assert (r32["chunk"], r128["chunk"]) == (1024, 4096)  # 32 MiB / 32 KiB rows; 128 MiB / 32 KiB
 
 
-def test_unset_keeps_the_upstream_default(tmp_path):
-    result = _ok(*run_probes(tmp_path, "untouched", {"unset": None})["unset"])
+def test_unset_keeps_the_upstream_default():
+    result = _ok(*probe_runs(("unset",))["unset"])
     assert result["before_plugins"] == UPSTREAM_DEFAULT
     assert result["budget"] == UPSTREAM_DEFAULT and result["chunk"] == 4096
 
@@ -160,9 +166,9 @@ BAD_VALUES = {  # value -> what the refusal must say
 
 
 @pytest.fixture(scope="module")
-def refusals(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bad")
-    return run_probes(tmp, "chunk", {f"bad{i}": raw for i, raw in enumerate(BAD_VALUES)})
+def refusals():
+    assert [PROBES[f"bad{i}"][1] for i in range(len(BAD_VALUES))] == list(BAD_VALUES)
+    return probe_runs(f"bad{i}" for i in range(len(BAD_VALUES)))
 
 
 @pytest.mark.parametrize("index, raw", list(enumerate(BAD_VALUES)), ids=["abc", "empty", "0", "-1", "65537", "1e30"])

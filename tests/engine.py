@@ -23,6 +23,11 @@ import pytest
 from . import forkserver
 
 REPO = Path(__file__).resolve().parents[1]
+# humming (vLLM's GEMM kernels) starts two Python processes at every import that build its launcher and NVRTC helper
+# for a GPU (each imports torch again and compiles): ~7 s of CPU per vLLM process here, about a quarter of the
+# e2e-vllm suite's CPU in a profiled run. Its own switch (HUMMING_DISABLE_PARALLEL_BUILD=1) leaves the build to the
+# first humming kernel a process runs, which a CPU never does. Set for every engine process the tests start.
+HUMMING_NO_BACKGROUND_BUILD = "1"
 
 
 @dataclass
@@ -34,7 +39,8 @@ class EngineVenv:
         home = home or tempfile.mkdtemp(prefix=f"{self.name}-home-")  # engines write caches under $HOME on import
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         env.update({"HOME": home, "PYTHONDONTWRITEBYTECODE": "1", "TRITON_INTERPRET": "1",
-                    "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO)})
+                    "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(REPO),
+                    "HUMMING_DISABLE_PARALLEL_BUILD": HUMMING_NO_BACKGROUND_BUILD})
         env.update(extra or {})
         return {k: v for k, v in env.items() if v is not None}  # an extra variable set to None: unset
 

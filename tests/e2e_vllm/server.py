@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..e2e.server import REPO, WATCHDOG, SglangServer, _live, stop_all
+from ..engine import HUMMING_NO_BACKGROUND_BUILD
 
 STANDIN = REPO / "tests" / "e2e" / "vllm_cpu_standin"
 SERVED_NAME = "qwen4-tiny"
@@ -43,6 +44,7 @@ BASE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: no memory probe of the whole box
     "TRITON_INTERPRET": "1",  # vLLM's Triton kernels run on CPU tensors in the interpreter
     "VLLM_PLUGINS": "ple_offload",  # the kit's general plugin (vLLM loads only the plugins named here)
+    "HUMMING_DISABLE_PARALLEL_BUILD": HUMMING_NO_BACKGROUND_BUILD,
 }
 
 

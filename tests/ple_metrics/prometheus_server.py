@@ -142,8 +142,11 @@ def while_scraped(url: str, run) -> dict:
     finally:
         ended = time.time()
         p.stop()
-        if KEEP and began is not None:
-            _keep(p.workdir / "data", Path(KEEP), {"start": began, "end": ended, "target": url})
+        try:
+            if KEEP and began is not None:
+                _keep(p.workdir / "data", Path(KEEP), {"start": began, "end": ended, "target": url})
+        finally:
+            shutil.rmtree(p.workdir, ignore_errors=True)  # its own temporary directory: nothing is left in /tmp
 
 
 def _keep(data: Path, dest: Path, run: dict) -> None:

@@ -135,3 +135,30 @@ def test_the_dashboards_engine_panels_find_the_engines_series_in_a_real_promethe
         p.stop()
         server.shutdown()
         server.server_close()
+
+
+def test_while_scraped_leaves_no_directory_behind(tmp_path, monkeypatch):
+    """The scenarios' helper answers from a real Prometheus in a temporary directory of its own, removed after."""
+    import tempfile
+
+    from . import prometheus_server
+
+    if BINARY is None:
+        skip_or_fail()
+    prom = tmp_path / "prom"
+    prom.mkdir()
+    run_child(CHILD, tmp_path, 2, "call", env_dir=prom)
+    server = _serve(prom)
+    made = tmp_path / "made"
+    made.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(made))  # where mkdtemp puts it, for this test only
+    try:
+        text = __import__("urllib.request").request.urlopen(
+            f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=10).read().decode()
+        out = prometheus_server.while_scraped(f"http://127.0.0.1:{server.server_address[1]}",
+                                              lambda: {"metrics": text})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out["prometheus"]["lookups"] > 0, out["prometheus"]
+    assert list(made.iterdir()) == []

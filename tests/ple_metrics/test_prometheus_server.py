@@ -140,6 +140,7 @@ def test_the_dashboards_engine_panels_find_the_engines_series_in_a_real_promethe
 def test_while_scraped_leaves_no_directory_behind(tmp_path, monkeypatch):
     """The scenarios' helper answers from a real Prometheus in a temporary directory of its own, removed after."""
     import tempfile
+    import urllib.request
 
     from . import prometheus_server
 
@@ -153,8 +154,8 @@ def test_while_scraped_leaves_no_directory_behind(tmp_path, monkeypatch):
     made.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(made))  # where mkdtemp puts it, for this test only
     try:
-        text = __import__("urllib.request").request.urlopen(
-            f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=10).read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=10) as r:
+            text = r.read().decode()
         out = prometheus_server.while_scraped(f"http://127.0.0.1:{server.server_address[1]}",
                                               lambda: {"metrics": text})
     finally:

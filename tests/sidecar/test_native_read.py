@@ -67,6 +67,7 @@ def test_the_native_read_needs_no_gil(table, ref):
     """The driver runs a host node on its own thread. While the engine's thread runs Python and never
     lets go of the GIL, the native read finishes; a Python host node (the same work through a ctypes
     callback) cannot even start until the GIL is released."""
+    import gc
     import threading
 
     ids = np.arange(table.rows - 1, -1, -7, dtype=np.int64)
@@ -78,6 +79,10 @@ def test_the_native_read_needs_no_gil(table, ref):
         results = {}
         interval = sys.getswitchinterval()
         sys.setswitchinterval(30.0)  # this thread keeps the GIL for the whole busy loop
+        # nor may a collection in the loop let go of it: a finalizer of an earlier test's garbage (an unclosed
+        # socket's close, say) releases the GIL. Once, in a cold run, the Python callback finished inside the loop.
+        gc.collect()
+        gc.disable()
         try:
             for name, fn, arg in (("native", node.function, node.argument),
                                   ("python", ctypes.cast(callback, ctypes.c_void_p).value, None)):
@@ -91,6 +96,7 @@ def test_the_native_read_needs_no_gil(table, ref):
                 assert node.lib.ssd_test_join(handle) == 0  # ctypes releases the GIL here: the callback runs
                 assert done.value == 1
         finally:
+            gc.enable()
             sys.setswitchinterval(interval)
         assert threading.active_count() >= 1
     assert results == {"native": True, "python": False}

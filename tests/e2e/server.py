@@ -20,6 +20,7 @@ What a CPU box needs to run it (issue 18):
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import re
 import signal
@@ -38,19 +39,14 @@ CONTEXT = 256
 POLL_S = 0.25  # how often a wait for a start, an exit or a death looks again (each look costs a few ms)
 
 
+@functools.cache
 def shared_tls():
     """One TLS context for every request the tests send (``httpx.get(..., verify=shared_tls())``). Every request is
     plain http on loopback, but httpx builds a new context for each call made without a client, loading the CA
     bundle: ~25 ms of CPU a call, 110 s of the e2e suite's readiness polls in a profiled run."""
-    global _TLS
-    if _TLS is None:
-        import ssl
+    import ssl
 
-        _TLS = ssl.create_default_context()
-    return _TLS
-
-
-_TLS = None
+    return ssl.create_default_context()
 
 # The driver entry points the CUDA build of sgl_kernel links (nm -D --undefined-only over its .so files).
 DRIVER_SYMBOLS = (

@@ -10,15 +10,14 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 
 from sglang_ssd_stream.patching import guard, state
+from sglang_ssd_stream.patching.engines import ENGINES
+from sglang_ssd_stream.patching.manifest import known_manifests
 from sglang_ssd_stream.patching.state import SourceFunctions, function_node, function_sha256
-
-REPO = Path(__file__).resolve().parents[2]
 
 AWKWARD = [
     "def f():\n    return 1\n",
@@ -60,28 +59,22 @@ def test_segments_equal_ast_get_source_segment(text):
 
 
 def _installed_watch_files() -> list[tuple[Path, list[str]]]:
-    """The installed engine's watched files (the venv these tests run in), with their watched functions."""
-    out = []
-    for manifest in sorted((REPO / "hashes").glob("*.json")):
-        data = json.loads(manifest.read_text())
-        engine = data["engine"] if isinstance(data["engine"], str) else data["engine"]["name"]
-        spec = importlib.util.find_spec(engine)
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        site = Path(next(iter(spec.submodule_search_locations))).parent
-        by_path: dict[str, list[str]] = {}
-        for w in data.get("watch", []):
-            by_path.setdefault(w["path"], []).append(w["function"])
-        out += [(site / p, fns) for p, fns in by_path.items() if (site / p).is_file()]
-    return out
+    """The watched files of the pinned sglang manifest in the sglang install these tests run in (the sglang venv:
+    scripts/test.sh), each with its watched functions."""
+    spec = importlib.util.find_spec(ENGINES["sglang"].package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("sglang is not importable here: run the tests through scripts/test.sh (the sglang venv)")
+    site = Path(next(iter(spec.submodule_search_locations))).parent
+    manifest = next(m for m in known_manifests(ENGINES["sglang"]) if m.release == ENGINES["sglang"].pinned)
+    by_path: dict[str, list[str]] = {}
+    for w in manifest.watch:
+        by_path.setdefault(w.path, []).append(w.function)
+    return [(site / p, fns) for p, fns in by_path.items()]
 
 
 def test_every_function_of_the_installed_watched_files_hashes_as_before():
-    files = _installed_watch_files()
-    if not files:
-        pytest.skip("no engine with watched files is installed in this interpreter")
     checked = 0
-    for path, watched in files:
+    for path, watched in _installed_watch_files():
         data = path.read_bytes()
         text = data.decode()
         parsed = SourceFunctions(data)
@@ -97,14 +90,10 @@ def test_every_function_of_the_installed_watched_files_hashes_as_before():
 
 def test_the_guard_parses_each_watched_file_once(monkeypatch):
     files = _installed_watch_files()
-    engines = {m.stem.split("-")[0] for m in (REPO / "hashes").glob("*.json")}
-    engine = next((e for e in sorted(engines) if importlib.util.find_spec(e) is not None), None)
-    if engine is None or not files:
-        pytest.skip("no engine is installed in this interpreter")
     parsed = []
     real_parse = ast.parse
     monkeypatch.setattr(state.ast, "parse", lambda text, *a, **k: (parsed.append(text), real_parse(text, *a, **k))[1])
-    v = guard.verdict(engine)
-    watched = [w for p, fns in files for w in fns]
+    v = guard.verdict("sglang")
+    watched = [w for _, fns in files for w in fns]
     assert v.watch_ok + len(v.watch_changed) == len(watched)
     assert len(parsed) == len(files) < len(watched)  # one parse per file, fewer than the functions

@@ -13,4 +13,6 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 # Engines write caches under $HOME on import: each suite gets its own temporary HOME (the venv cache stays).
 export SSD_STREAM_CACHE=${SSD_STREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sglang-ssd-stream}
+# Lint first (seconds): a finding fails the run before any suite starts.
+scripts/lint.sh
 exec python3 scripts/suites.py "$@"

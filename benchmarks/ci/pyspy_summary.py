@@ -87,7 +87,8 @@ def main() -> None:
         cmds[command(procs)] += n
         leaves[frames[-1][:110]] += n
     print(f"samples with a Python frame: {total / args.rate:.0f} s")
-    for title, counter in (("activity", acts), ("imported package", pkgs), ("process", cmds), ("innermost frame", leaves)):
+    sections = (("activity", acts), ("imported package", pkgs), ("process", cmds), ("innermost frame", leaves))
+    for title, counter in sections:
         print(f"== {title}")
         for key, n in counter.most_common(args.top):
             print(f"{n / args.rate:8.0f} s {100 * n / total:5.1f} %  {key}")

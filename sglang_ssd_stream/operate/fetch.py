@@ -19,6 +19,12 @@
    the scale): the real model gives 297,289 mappings over 200 shards.
 
 ``state.json`` then names the view, so ``serve --profile thor`` finds the model without ``--model``.
+
+``--in-place`` serves the PLE tables from the dense checkpoint's own ``model-plefp8-*`` shards instead of the
+prepared snapshot's copied sidecar: those shards are downloaded from the dense repository, the tables the
+prepared snapshot's ``ssd-stream.json`` names are not, and the view's manifest names regions of the dense shards
+(``model_view.build_view(in_place=True)``; one hashing pass, kept across re-runs of the same commits). The
+download is about as large either way (the same rows, from the original checkpoint rather than a copy of it).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ PREPARED_REPO = "garnermccloud/Qwen3.8-Flash-Next-NVFP4-SSD-Stream"  # write-up 
 DENSE_REPO = "hn7305/Qwen3.8-Flash-Next-NVFP4-Spark"  # write-up 000: the dense-path NVFP4 shards and configs
 # The recipe's `hf download ... --include`: configs, tokenizer, template, code and the dense shards only.
 DENSE_PATTERNS = ("*.json", "*.txt", "*.model", "*.jinja", "*.py", "README.md", "model-bf16-*.safetensors")
+# In place: the dense checkpoint's PLE shards (and their scale) too, served where they lie.
+DENSE_IN_PLACE_PATTERNS = (*DENSE_PATTERNS, "model-plefp8-*.safetensors")
 WRITEUP_VIEW_COUNTS = (297_289, 200)  # write-up 000 §3: mappings and shards of the served index
 PLE_SHARD_PREFIX, PLE_SCALE = "model-plefp8-", "model-plefp8-scale.safetensors"
 VERIFIED_NAME = "fetch-verified.json"
@@ -142,9 +150,10 @@ def resolve(repo: str, revision: str, *, endpoint: str | None) -> str:
     return sha
 
 
-def remote_files(repo: str, commit: str, patterns: tuple[str, ...] | None, *, endpoint: str | None
-                 ) -> list[RemoteFile]:
-    """The files the download will fetch, with the hashes the hub publishes for them."""
+def remote_files(repo: str, commit: str, patterns: tuple[str, ...] | None, *, endpoint: str | None,
+                 ignore: tuple[str, ...] = ()) -> list[RemoteFile]:
+    """The files the download will fetch (``patterns`` allowed, ``ignore`` left out), with the hashes the hub
+    publishes for them."""
     from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import filter_repo_objects
 
@@ -158,7 +167,8 @@ def remote_files(repo: str, commit: str, patterns: tuple[str, ...] | None, *, en
                 f"the model hub did not list {repo}@{commit} ({how}); nothing was changed. Retry, or set "
                 f"HF_ENDPOINT to a mirror") from None
         raise
-    wanted = set(filter_repo_objects([e.path for e in tree], allow_patterns=list(patterns) if patterns else None))
+    wanted = set(filter_repo_objects([e.path for e in tree], allow_patterns=list(patterns) if patterns else None,
+                                     ignore_patterns=list(ignore) or None))
     out = []
     for e in tree:
         if e.path in wanted:
@@ -184,7 +194,7 @@ def cached_bytes(cache_dir: Path, repo: str, files: list[RemoteFile]) -> int:
 
 
 def download(repo: str, commit: str, patterns: tuple[str, ...] | None, cache_dir: Path, *,
-             endpoint: str | None, progress: bool) -> Path:
+             endpoint: str | None, progress: bool, ignore: tuple[str, ...] = ()) -> Path:
     from huggingface_hub import snapshot_download
 
     if not progress:
@@ -194,12 +204,45 @@ def download(repo: str, commit: str, patterns: tuple[str, ...] | None, cache_dir
 
     try:
         return Path(snapshot_download(repo_id=repo, revision=commit, cache_dir=str(cache_dir), endpoint=endpoint,
-                                      allow_patterns=list(patterns) if patterns else None))
+                                      allow_patterns=list(patterns) if patterns else None,
+                                      ignore_patterns=list(ignore) or None))
     except (httpx.HTTPError, HfHubHTTPError, ConnectionError, TimeoutError) as exc:
         raise EnvironmentProblem(f"download of {repo}@{commit[:12]} stopped ({type(exc).__name__}: {exc}). Run the "
                                  f"same command again: complete files are kept, the rest is fetched") from None
     except OSError as exc:
         raise EnvironmentProblem(f"download of {repo}@{commit[:12]} into {cache_dir} failed: {exc}") from None
+
+
+def sidecar_tables(repo: str, commit: str, cache_dir: Path, *, endpoint: str | None) -> tuple[str, ...]:
+    """The table files the prepared snapshot's ``ssd-stream.json`` names (fetched alone, into the cache; it is
+    verified with the rest), as patterns that match exactly those paths: what ``--in-place`` leaves out."""
+    import glob
+
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    from ..sidecar.format import MANIFEST_NAME
+
+    try:
+        path = hf_hub_download(repo, MANIFEST_NAME, revision=commit, cache_dir=str(cache_dir), endpoint=endpoint)
+    except EntryNotFoundError:
+        return ()  # no sidecar there: nothing to leave out
+    except Exception as exc:  # noqa: BLE001 - only the hub not answering is re-labelled
+        how = _unreachable(exc)
+        if how:
+            raise _hub_offline(f"{repo}@{commit}") or Offline(
+                f"the model hub did not give {MANIFEST_NAME} of {repo}@{commit} ({how}); nothing was changed. "
+                f"Retry, or set HF_ENDPOINT to a mirror") from None
+        raise
+    try:
+        tables = json.loads(Path(path).read_text(encoding="utf-8"))["tables"]
+        paths = {r["path"] for t in tables for r in (t.get("regions") or [t])}
+        if not all(isinstance(p, str) and p for p in paths):
+            raise TypeError("a table path is not a string")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelUpdateError(f"{repo}@{commit[:12]}: its {MANIFEST_NAME} does not list its tables ({exc}); "
+                               f"cannot tell which files --in-place leaves out. Nothing was downloaded") from None
+    return tuple(glob.escape(p) for p in sorted(paths))
 
 
 # ----------------------------------------------------------------------------- verification
@@ -293,7 +336,8 @@ class FetchResult:
 
 def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared_repo: str = PREPARED_REPO,
                 dense_repo: str = DENSE_REPO, prepared_revision: str | None = None, dense_revision: str | None = None,
-                update: bool = False, endpoint: str | None = None, progress: bool = True, log=print) -> FetchResult:
+                update: bool = False, endpoint: str | None = None, progress: bool = True, in_place: bool = False,
+                log=print) -> FetchResult:
     from ..sidecar.format import INDEX_NAME
     from .model_view import build_view
     from .update import STATE_VERSION, read_state, write_state
@@ -316,17 +360,20 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
         return DEFAULT_REVISION
 
     plan = []
+    dense_patterns = DENSE_IN_PLACE_PATTERNS if in_place else DENSE_PATTERNS
     for kind, repo, rev, patterns in (("prepared", prepared_repo, prepared_revision, None),
-                                      ("dense", dense_repo, dense_revision, DENSE_PATTERNS)):
+                                      ("dense", dense_repo, dense_revision, dense_patterns)):
         revision = revision_of(kind, repo, rev)
         commit = resolve(repo, revision, endpoint=endpoint)
-        files = remote_files(repo, commit, patterns, endpoint=endpoint)
-        plan.append((kind, repo, revision, commit, patterns, files))
+        ignore = sidecar_tables(repo, commit, cache_dir, endpoint=endpoint) if in_place and kind == "prepared" else ()
+        files = remote_files(repo, commit, patterns, endpoint=endpoint, ignore=ignore)
+        plan.append((kind, repo, revision, commit, patterns, ignore, files))
         log(f"{kind}: {repo}@{commit}" + (f" ({revision})" if revision != commit else " (pinned)")
-            + f", {len(files)} file(s), {sum(f.size for f in files) / (1 << 30):.2f} GiB")
+            + f", {len(files)} file(s), {sum(f.size for f in files) / (1 << 30):.2f} GiB"
+            + (f" (its {len(ignore)} copied PLE table file(s) left out: --in-place)" if ignore else ""))
 
     missing = sum(sum(f.size for f in files) - cached_bytes(cache_dir, repo, files)
-                  for _, repo, _, _, _, files in plan)
+                  for _, repo, _, _, _, _, files in plan)
     from ..checks.host import free_bytes
     from .update import made_for
 
@@ -339,15 +386,16 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
                                      f"({missing / (1 << 30):.1f} GiB missing from the cache + margin). Write-up 000 "
                                      f"plans 180 GiB on NVMe for model, runtime and caches. Nothing was downloaded")
         log(f"cache {cache_dir}: {missing / (1 << 30):.2f} GiB to download, {free / (1 << 30):.1f} GiB free")
-        for kind, repo, _revision, commit, patterns, files in plan:
-            snapshot = download(repo, commit, patterns, cache_dir, endpoint=endpoint, progress=progress)
+        for kind, repo, _revision, commit, patterns, ignore, files in plan:
+            snapshot = download(repo, commit, patterns, cache_dir, endpoint=endpoint, progress=progress,
+                                ignore=ignore)
             if snapshot.name != commit:
                 raise ModelUpdateError(f"huggingface_hub returned {snapshot} for {repo}@{commit}")
             fetched[kind] = Fetched(repo, commit, snapshot, files)
             fetched[kind].downloaded_bytes = verify(fetched[kind], data_dir, progress=progress)
 
     prepared, dense = fetched["prepared"], fetched["dense"]
-    report = build_view(dense.snapshot, prepared.snapshot, out)
+    report = build_view(dense.snapshot, prepared.snapshot, out, in_place=in_place, progress=progress)
     mappings, shards, removed = expected_counts(dense.snapshot / INDEX_NAME)
     if (report.mappings, report.shards, report.removed_ple_mappings) != (mappings, shards, removed):
         raise ModelUpdateError(f"the view {report.path} serves {report.mappings:,} mappings over {report.shards} "
@@ -370,7 +418,8 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
         "snapshot": str(prepared.snapshot), "view": report.path,
         "fetch": {"prepared": {"repo": prepared.repo, "commit": prepared.commit},
                   "dense": {"repo": dense.repo, "commit": dense.commit, "snapshot": str(dense.snapshot),
-                            "patterns": list(DENSE_PATTERNS)}},
+                            "patterns": list(dense_patterns)},
+                  "ple": "in-place" if in_place else "copied"},
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "history": history})
     return FetchResult(report.path, report.mappings, report.shards, report.removed_ple_mappings, prepared, dense,
                        notes)
@@ -390,6 +439,9 @@ def add_fetch_command(subparsers):
     f.add_argument("--dense-repo", default=DENSE_REPO)
     f.add_argument("--dense-revision", help="commit, tag or branch (default: the pinned commit, else main)")
     f.add_argument("--update", action="store_true", help="move both pins to the newest main")
+    f.add_argument("--in-place", action="store_true",
+                   help="serve the PLE tables from the dense checkpoint's own shards (downloaded instead of the "
+                        "prepared snapshot's copied tables; about as many bytes) with an in-place ssd-stream.json")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     f.set_defaults(func=cmd_fetch)
     return f
@@ -404,12 +456,15 @@ def cmd_fetch(args) -> int:
     r = fetch_model(args.out, args.data_dir or default_data_dir(), prepared_repo=args.prepared_repo,
                     dense_repo=args.dense_repo, prepared_revision=args.prepared_revision,
                     dense_revision=args.dense_revision, update=args.update, progress=not args.quiet,
+                    in_place=args.in_place,
                     endpoint=os.environ.get("HF_ENDPOINT") or None,  # the recipe's mirror variable
                     log=lambda line: print(line, file=sys.stderr))
     print(f"model view: {r.view}")
     print(f"weights: {r.mappings:,} mappings, shards: {r.shards} (removed {r.removed} PLE shard mappings; counts "
           f"match the dense index)")
     print(f"prepared: {r.prepared.repo}@{r.prepared.commit}; dense: {r.dense.repo}@{r.dense.commit}")
+    print("PLE tables: in place, regions of the dense checkpoint's own shards (no copy)" if args.in_place
+          else "PLE tables: the prepared snapshot's copied sidecar")
     for n in r.notes:
         print(f"note: {n}")
     print(f"next: sglang-ssd-stream serve --profile thor --model {r.view} --dry-run")

@@ -12,6 +12,13 @@ The write-up's step 3, automated. A *view* combines
   (``…ngram_embedding.shard_N.weight``; the ``weight_scale`` mappings stay), the original kept
   as ``model.safetensors.index.with-ple.json``.
 
+With ``in_place`` the PLE tables come from the **dense** snapshot's own shards instead, with no copy: the
+shards its index maps the PLE tensors to are linked, and ``sidecar build --in-place``'s builder writes the
+view's ``ssd-stream.json`` naming regions of them (one hashing pass; a rebuild over the same dense snapshot
+keeps the manifest and its verified cache). The prepared snapshot's own sidecar is not used (it need not
+be there). The marker's ``"ple": "in-place"`` binds the view to the dense snapshot region for region
+(:mod:`sglang_ssd_stream.sidecar.view`).
+
 Everything else is a symlink. ``.ssd-stream-view.json`` records what the builder made, so a
 rebuild replaces only its own entries and refuses a directory holding anything else (the
 engine's ``.ssd-stream-verified.json`` excepted). A view is built in a temporary sibling and
@@ -30,11 +37,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EXIT_OK, BadKitData, EnvironmentProblem, RefusedSourceState
+from ..errors import EXIT_OK, BadKitData, EnvironmentProblem, KitError, RefusedSourceState
 from ..sidecar.build import SHARD_TENSOR
 from ..sidecar.format import INDEX_NAME, MANIFEST_NAME, SCALE_FILE_NAME, hf_blobs_root
 from ..sidecar.verify import CACHE_NAME
-from ..sidecar.view import MARKER_FORMAT, MARKER_NAME, ForeignView, load_sidecar
+from ..sidecar.view import MARKER_FORMAT, MARKER_NAME, PLE_IN_PLACE, ForeignView, load_sidecar
 from ..sidecar.view import read_marker as _read_marker
 
 BACKUP_NAME = "model.safetensors.index.with-ple.json"
@@ -128,8 +135,10 @@ def _link(target: Path, at: Path) -> None:
     os.symlink(os.path.abspath(target), at)
 
 
-def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str | os.PathLike) -> ViewReport:
-    """Build (or rebuild) the view ``out``; returns the completeness report.
+def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str | os.PathLike, *,
+               in_place: bool = False, progress: bool = False) -> ViewReport:
+    """Build (or rebuild) the view ``out``; returns the completeness report. ``in_place``: serve the PLE
+    tables from the dense snapshot's own shards (module docstring); ``progress``: its hashing pass's bars.
 
     Raises:
         ModelViewError: an input is missing or incomplete (a shard the index needs exists in
@@ -145,8 +154,9 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
         raise ModelViewError(f"the view {out} must not be inside (or be) a source snapshot")
     if not (dense / "config.json").is_file():
         raise ModelViewError(f"dense snapshot {dense} has no config.json")
-    trusted = _trusted_roots(prepared)  # recorded in the marker for people; it grants nothing (sidecar/view.py)
-    manifest = load_sidecar(prepared)  # sizes checked; sha256 is the engine's job
+    # recorded in the marker for people; it grants nothing (sidecar/view.py)
+    trusted = _trusted_roots(dense if in_place else prepared)
+    manifest = None if in_place else load_sidecar(prepared)  # sizes checked; sha256 is the engine's job
     old_marker = _check_output(out)
 
     if not (dense / INDEX_NAME).exists() and (dense / "model.safetensors").is_file():
@@ -176,12 +186,20 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
             plan[entry] = p
         elif p.is_symlink():
             raise ModelViewError(f"dense snapshot file {p} is a dangling link")
-    for path in dict.fromkeys(r.path for t in manifest.tables for r in t.regions):  # copied: its file; in place:
-        plan[path] = prepared / path  # each shard holding its regions (the index leaves the tensors out)
-    if (prepared / SCALE_FILE_NAME).is_file():
-        plan[SCALE_FILE_NAME] = prepared / SCALE_FILE_NAME
-    elif any(SCALE_FILE_NAME == f for f in kept.values()):
-        raise ModelViewError(f"{SCALE_FILE_NAME} is indexed but missing from {prepared}")
+    if in_place:
+        for fname in sorted({f for n, f in wm.items() if SHARD_TENSOR.search(n) and "mtp" not in n}):
+            if not (dense / fname).is_file():
+                raise ModelViewError(f"PLE shard {fname}, mapped in {dense / INDEX_NAME}, is not in the dense "
+                                     f"snapshot; an in-place view reads the PLE rows from the dense snapshot's own "
+                                     f"shards (`model fetch --in-place` downloads them)")
+            plan[fname] = dense / fname
+    else:
+        for path in dict.fromkeys(r.path for t in manifest.tables for r in t.regions):  # copied: its file; in
+            plan[path] = prepared / path  # place: each shard holding its regions (the index leaves them out)
+        if (prepared / SCALE_FILE_NAME).is_file():
+            plan[SCALE_FILE_NAME] = prepared / SCALE_FILE_NAME
+        elif any(SCALE_FILE_NAME == f for f in kept.values()):
+            raise ModelViewError(f"{SCALE_FILE_NAME} is indexed but missing from {prepared}")
     if (prepared / MTP_DIR).is_dir():
         plan[MTP_DIR] = prepared / MTP_DIR
     elif (dense / MTP_DIR).is_dir():  # a checkpoint of one's own: its draft sits beside its shards
@@ -197,15 +215,18 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
     try:
         for rel, src in plan.items():
             _link(src, tmp / rel)
-        shutil.copyfile(manifest.path, tmp / MANIFEST_NAME)
-        (tmp / BACKUP_NAME).write_text(json.dumps(index, ensure_ascii=False), encoding="utf-8")
-        (tmp / INDEX_NAME).write_text(json.dumps({**index, "weight_map": kept}, ensure_ascii=False), encoding="utf-8")
-        if old_marker is not None and (out / CACHE_NAME).is_file():
-            shutil.copy2(out / CACHE_NAME, tmp / CACHE_NAME)  # keep the engine's verify record
         top = sorted({Path(rel).parts[0] for rel in plan} | {MANIFEST_NAME, BACKUP_NAME, INDEX_NAME})
         marker = {"format": MARKER_FORMAT, "version": 1, "dense": str(dense), "prepared": str(prepared),
-                  "trusted_roots": trusted, "entries": top}
+                  "trusted_roots": trusted, "entries": top, **({"ple": PLE_IN_PLACE} if in_place else {})}
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=1), encoding="utf-8")
+        if in_place:
+            _in_place_manifest(tmp, out, dense, old_marker, index, progress)
+        else:
+            shutil.copyfile(manifest.path, tmp / MANIFEST_NAME)
+            if old_marker is not None and (out / CACHE_NAME).is_file():
+                shutil.copy2(out / CACHE_NAME, tmp / CACHE_NAME)  # keep the engine's verify record
+        (tmp / BACKUP_NAME).write_text(json.dumps(index, ensure_ascii=False), encoding="utf-8")
+        (tmp / INDEX_NAME).write_text(json.dumps({**index, "weight_map": kept}, ensure_ascii=False), encoding="utf-8")
         report = check_view(tmp, _display=out)
         os.chmod(tmp, 0o755)
         if out.exists():
@@ -221,6 +242,30 @@ def build_view(dense: str | os.PathLike, prepared: str | os.PathLike, out: str |
             raise EnvironmentProblem(f"cannot write the view {out}: {exc.strerror or exc}") from exc
         raise
     return report
+
+
+def _in_place_manifest(tmp: Path, out: Path, dense: Path, old_marker: dict | None, index: dict,
+                       progress: bool) -> None:
+    """Give the view being built in ``tmp`` its in-place ``ssd-stream.json``: the old view's, with its verified
+    cache, when that was built in place over the same dense snapshot and still loads (a snapshot directory is
+    one commit: its files do not change), else a new one from one hashing pass over the linked PLE shards."""
+    from ..sidecar.in_place import build_in_place
+
+    if (old_marker is not None and old_marker.get("ple") == PLE_IN_PLACE
+            and old_marker.get("dense") == str(dense)
+            and (out / MANIFEST_NAME).is_file()):
+        shutil.copyfile(out / MANIFEST_NAME, tmp / MANIFEST_NAME)
+        if (out / CACHE_NAME).is_file():
+            shutil.copy2(out / CACHE_NAME, tmp / CACHE_NAME)
+        try:
+            load_sidecar(tmp)
+            return
+        except KitError:  # moved or refused: built again below, from the bytes themselves
+            (tmp / MANIFEST_NAME).unlink()
+            (tmp / CACHE_NAME).unlink(missing_ok=True)
+    # the builder finds the PLE tensors through the full index; the served one without them is written after
+    (tmp / INDEX_NAME).write_text(json.dumps(index, ensure_ascii=False), encoding="utf-8")
+    build_in_place(tmp, progress=progress)  # the marker, already there, lets it read the dense shards
 
 
 def check_view(view: str | os.PathLike, *, _display: Path | None = None) -> ViewReport:
@@ -276,7 +321,8 @@ def _print(report: ViewReport, as_json: bool, verb: str) -> None:
 
 
 def cmd_build_view(args: argparse.Namespace) -> int:
-    _print(build_view(args.dense, args.prepared, args.output), args.json, "built")
+    _print(build_view(args.dense, args.prepared, args.output, in_place=args.in_place, progress=not args.json),
+           args.json, "built")
     return EXIT_OK
 
 
@@ -298,6 +344,9 @@ def add_model_view_commands(subparsers) -> dict[str, argparse.ArgumentParser]:
     b.add_argument("--prepared", required=True,
                    help="prepared SSD-stream snapshot (ssd-stream.json, ple/, experts, mtp/)")
     b.add_argument("-o", "--out", "--output", dest="output", required=True, help="view directory to create or refresh")
+    b.add_argument("--in-place", action="store_true",
+                   help="serve the PLE tables in place from the dense snapshot's own shards (no copy; one hashing "
+                        "pass writes the view's ssd-stream.json); the prepared snapshot's sidecar is not used")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
     b.set_defaults(func=cmd_build_view)
     c = subparsers.add_parser("check-view", allow_abbrev=False, help="check that a model view is complete",

@@ -44,10 +44,10 @@ from .format import (
     MANIFEST_NAME,
     VERSION_IN_PLACE,
     _allowed_roots,
-    load_manifest,
     resolve_table_path,
 )
 from .verify import BUILD, file_key, record_built, sha256_file, verify_sidecar
+from .view import load_sidecar, view_trusted_roots
 
 
 def declared_ple_dtype(checkpoint: Path) -> str | None:
@@ -138,8 +138,10 @@ def build_in_place(
     """Write ``CHECKPOINT/ssd-stream.json`` naming the PLE shards' regions in place (one hashing pass, no copy).
 
     Args and refusals as :func:`.build.build_sidecar` (``RefusedSourceState`` for an existing manifest without
-    ``force``), plus :func:`refuse_unservable`'s. The result's ``verify`` is the serving check's view of the
-    verified cache just recorded (every table ``cached``).
+    ``force``), plus :func:`refuse_unservable`'s. The shards may resolve where the one loader
+    (:func:`.view.load_sidecar`) lets this directory's tables resolve: a model view built in place reads its
+    dense snapshot's. The result's ``verify`` is the serving check's view of the verified cache just recorded
+    (every table ``cached``).
     """
     t0 = time.monotonic()
     checkpoint = Path(checkpoint)
@@ -154,7 +156,7 @@ def build_in_place(
     if (manifest_path.exists() or manifest_path.is_symlink()) and not force:
         raise RefusedSourceState(f"{manifest_path} already exists; pass --force to rebuild the sidecar")
 
-    roots = _allowed_roots(checkpoint, ())
+    roots = _allowed_roots(checkpoint, view_trusted_roots(checkpoint))
     tables = {n: _regions(checkpoint, s, manifest_path, roots) for n, s in sources.items()}
     stats = _hash_regions([r for rs in tables.values() for r in rs], progress)
     doc = {
@@ -171,7 +173,7 @@ def build_in_place(
     except OSError as exc:  # a read-only checkpoint, a full disk: the copied sidecar writes elsewhere
         raise EnvironmentProblem(f"cannot write {manifest_path}: {exc.strerror or exc}; an in-place sidecar lives in "
                                  f"the checkpoint's directory (a copied one goes where -o says)") from exc
-    manifest = load_manifest(manifest_path)  # the one validator of what was just written
+    manifest = load_sidecar(manifest_path)  # the one loader validates what was just written
     record_built(manifest, stats, cache_dir=cache_dir)
     report = verify_sidecar(manifest, caller=BUILD, cache_dir=cache_dir, progress=progress)
     scale_file, scales = _write_scales(checkpoint, checkpoint, tensors, sources)  # in the checkpoint: writes nothing

@@ -3,8 +3,11 @@
 ``model build-view`` (:mod:`sglang_ssd_stream.operate.model_view`) writes ``.ssd-stream-view.json``
 into a view; both plugins read it here (:func:`load_sidecar`), so a sidecar whose tables are links
 into the prepared snapshot loads without trusting anything else. The marker names the snapshot; it
-grants nothing by itself (the snapshot must hold the same manifest, table for table).
-``SGLANG_SSD_STREAM_TRUSTED_ROOTS`` adds roots on SGLang.
+grants nothing by itself (the snapshot must hold the same manifest, table for table). A view whose PLE
+tables are served in place from the dense snapshot's own shards (``"ple": "in-place"``) is bound to that
+snapshot region for region instead: the snapshot's own index must map each region's tensor to the region's
+file, and the view's link must resolve to that very file. ``SGLANG_SSD_STREAM_TRUSTED_ROOTS`` adds roots on
+SGLang.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import SidecarManifestError
-from .format import MANIFEST_NAME, hf_blobs_root
+from .format import INDEX_NAME, MANIFEST_NAME, hf_blobs_root
 
 if TYPE_CHECKING:
     from .format import SidecarManifest
 
 MARKER_NAME = ".ssd-stream-view.json"
 MARKER_FORMAT = "sglang-ssd-stream-view"
+PLE_IN_PLACE = "in-place"  # the marker's "ple": the tables are regions of the dense snapshot's own shards
 
 
 class ForeignView(SidecarManifestError):
@@ -43,12 +47,35 @@ def read_marker(view: str | os.PathLike) -> dict | None:
     return doc
 
 
+def _snapshot_roots(snapshot: Path) -> list[str]:
+    real = Path(os.path.realpath(snapshot))  # a link to an HF snapshot: its blobs/ are beside the real one
+    blobs = hf_blobs_root(real)
+    return [str(real)] + ([os.path.realpath(blobs)] if blobs is not None else [])
+
+
+def _dense_weight_map(marker: dict) -> dict[str, str] | None:
+    """The dense snapshot's own index (outside the view) for a view served in place from it, else None."""
+    if marker.get("ple") != PLE_IN_PLACE or not isinstance(marker.get("dense"), str):
+        return None
+    try:
+        wm = json.loads((Path(marker["dense"]) / INDEX_NAME).read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return wm if isinstance(wm, dict) else None
+
+
 def view_trusted_roots(view: str | os.PathLike) -> list[str]:
     """Directories a view's table links may resolve into: the prepared snapshot it was built from (and its
-    HF blobs), and only while that snapshot holds a byte-identical ``ssd-stream.json``. Nothing written in
-    the artifact grants more: the marker's own ``trusted_roots`` field is ignored."""
+    HF blobs), and only while that snapshot holds a byte-identical ``ssd-stream.json``; for a view served in
+    place, the dense snapshot (and its blobs) while its own index is readable (:func:`load_sidecar` then binds
+    every region to it). Nothing written in the artifact grants more: the marker's own ``trusted_roots`` field
+    is ignored."""
     marker = read_marker(view)
-    if not marker or not isinstance(marker.get("prepared"), str):
+    if not marker:
+        return []
+    if marker.get("ple") == PLE_IN_PLACE:
+        return _snapshot_roots(Path(marker["dense"])) if _dense_weight_map(marker) is not None else []
+    if not isinstance(marker.get("prepared"), str):
         return []
     prepared = Path(marker["prepared"])
     try:
@@ -57,9 +84,7 @@ def view_trusted_roots(view: str | os.PathLike) -> list[str]:
         same = False
     if not same:
         return []
-    real = Path(os.path.realpath(prepared))  # a link to an HF snapshot: its blobs/ are beside the real one
-    blobs = hf_blobs_root(real)
-    return [str(real)] + ([os.path.realpath(blobs)] if blobs is not None else [])
+    return _snapshot_roots(prepared)
 
 
 def extra_trusted_roots(roots: Iterable[str | os.PathLike]) -> list[str]:
@@ -82,7 +107,8 @@ def load_sidecar(path: str | os.PathLike, *, extra_roots: Iterable[str | os.Path
     """The one loader of a sidecar manifest for both engines and the CLI: the artifact itself (and its HF
     blobs), the roots the operator names (``extra_roots``) and, for a model view, the prepared snapshot
     it was built from, table for table: each of the view's tables must resolve to the very file the
-    snapshot's manifest names. Symlink loops, FIFOs, devices and directories are refused by
+    snapshot's manifest names (for a view served in place, the dense snapshot, region for region: the file
+    its index maps the region's tensor to). Symlink loops, FIFOs, devices and directories are refused by
     :func:`load_manifest` without opening them for reading."""
     from .errors import SidecarPathEscape
     from .format import load_manifest
@@ -90,13 +116,22 @@ def load_sidecar(path: str | os.PathLike, *, extra_roots: Iterable[str | os.Path
     root = Path(path) if Path(path).is_dir() else Path(path).parent
     granted = view_trusted_roots(root)
     manifest = load_manifest(path, trusted_roots=[*granted, *extra_roots], check_files=check_files)
-    if granted:
-        prepared = Path(read_marker(root)["prepared"])
-        for r in (r for t in manifest.tables for r in t.regions):  # a copied table is one region: its file
-            want = os.path.realpath(prepared / r.path)
-            if os.path.realpath(r.file) != want:
-                raise SidecarPathEscape(
-                    f"{root}: view table {r.path} resolves to {os.path.realpath(r.file)}, not to the prepared "
-                    f"snapshot's {want}; refusing the view", path=str(r.file), actual=os.path.realpath(r.file),
-                    expected=want)
+    if not granted:
+        return manifest
+    marker = read_marker(root)
+    dense_map = _dense_weight_map(marker)
+    source = Path(marker["dense"] if dense_map is not None else marker["prepared"])
+    for r in (r for t in manifest.tables for r in t.regions):  # a copied table is one region: its file
+        if dense_map is not None and (r.tensor is None or dense_map.get(r.tensor) != r.path):
+            raise SidecarPathEscape(
+                f"{root}: view region {r.path} ({r.tensor}) is not where the dense snapshot's index "
+                f"{source / INDEX_NAME} maps that tensor ({dense_map.get(r.tensor or '')}); refusing the view",
+                path=str(r.file), actual=r.path, expected=dense_map.get(r.tensor or ""))
+        want = os.path.realpath(source / r.path)
+        if os.path.realpath(r.file) != want:
+            what = "dense" if dense_map is not None else "prepared"
+            raise SidecarPathEscape(
+                f"{root}: view table {r.path} resolves to {os.path.realpath(r.file)}, not to the {what} "
+                f"snapshot's {want}; refusing the view", path=str(r.file), actual=os.path.realpath(r.file),
+                expected=want)
     return manifest

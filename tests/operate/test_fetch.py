@@ -34,11 +34,30 @@ def _safetensors(name: str) -> bytes:
     return struct.pack("<Q", len(header)) + header + b"\x80\x3e"
 
 
+ROWS, COLS, PARTS = 4096, 160, 8  # layer 3's FP8 table: two of its eight shard tensors in each PLE shard file
+
+
+def ple_table() -> bytes:
+    return bytes((i * 31) % 251 for i in range(ROWS * COLS))
+
+
+def _ple_shard_files(table: bytes) -> dict[str, bytes]:
+    """The HN checkpoint's PLE shard files, real safetensors: tensors ``shard_{2k}``, ``shard_{2k+1}`` in file k."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save
+
+    t = torch.from_numpy(np.frombuffer(table, np.uint8).copy()).view(torch.float8_e4m3fn).reshape(ROWS, COLS)
+    size = ROWS // PARTS
+    return {f: save({f"{PLE.format(l=3)}.shard_{j}.weight": t[j * size:(j + 1) * size].clone()
+                     for j in (2 * k, 2 * k + 1)}) for k, f in enumerate(PLE_SHARDS)}
+
+
 def repos(index_extra: dict | None = None) -> dict[str, Repo]:
     """The prepared snapshot (experts, MTP, sidecar, scale) and the HN checkpoint (configs, dense shards, and the
-    expert and PLE shards the recipe does NOT download), shaped like write-up 000's."""
-    rows, cols = 4096, 160
-    table = bytes((i * 31) % 251 for i in range(rows * cols))
+    expert and PLE shards and the scale the recipe does NOT download), shaped like write-up 000's."""
+    rows, cols = ROWS, COLS
+    table = ple_table()
     manifest = {"format": "sglang-ssd-stream", "version": 1, "tables": [
         {"layer": 3, "path": TABLE, "sha256": hashlib.sha256(table).hexdigest(), "dtype": "float8_e4m3fn",
          "rows": rows, "columns": cols, "row_start": 0, "bytes": rows * cols}]}
@@ -53,10 +72,12 @@ def repos(index_extra: dict | None = None) -> dict[str, Repo]:
         wm[f"{PLE.format(l=3)}.shard_{2 * k + 1}.weight"] = f
     wm[f"{PLE.format(l=3)}.weight_scale"] = SCALE
     wm.update(index_extra or {})
-    dense = {"config.json": b'{"model_type": "qwen4_exp"}', "tokenizer.json": b"{}", "chat_template.jinja": b"{{x}}",
+    config = {"model_type": "qwen4_exp", "text_config": {"split_ngram_parts": PARTS}}
+    dense = {"config.json": json.dumps(config).encode(), "tokenizer.json": b"{}", "chat_template.jinja": b"{{x}}",
              "README.md": b"# HN", "model.safetensors.index.json": json.dumps({"weight_map": wm}).encode()}
     dense.update({f: b"dense" * 50 + f.encode() for f in DENSE_SHARDS})
-    dense.update({f: b"ple-shard" * 40 for f in PLE_SHARDS})  # in the HN repo, not in the recipe's patterns
+    dense.update(_ple_shard_files(table))  # in the HN repo, not in the recipe's patterns (--in-place fetches them)
+    dense[SCALE] = prepared[SCALE]
     dense.update({f: b"experts" + f.encode() for f in EXPERTS})  # identical to the prepared ones: not fetched
     lfs = lambda files: {p for p in files if p.endswith((".safetensors", ".bin"))}  # noqa: E731
     return {PREPARED_REPO: Repo(prepared, C_PREP, lfs(prepared)), DENSE_REPO: Repo(dense, C_DENSE, lfs(dense))}
@@ -213,3 +234,125 @@ def test_cli_in_the_recipes_form(hub, tmp_path, monkeypatch, capsys):
         model, data_dir, draft = None, None, None
 
     assert _resolve_model(A())[0] == str(tmp_path / "view")
+
+
+# ----------------------------------------------------------------------------- --in-place
+
+
+def _region_rows(view: Path):
+    """Every row of the view's layer-3 table as both readers serve it (mmap and pread, regions and all)."""
+    import numpy as np
+
+    from sglang_ssd_stream.sidecar import open_reader
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    table = load_sidecar(view).table(3)
+    got = []
+    for io in ("mmap", "pread"):
+        out = np.zeros((table.rows, table.row_bytes), np.uint8)
+        with open_reader(table, io, max_rows=table.rows, workers=1) as r:
+            r.read_rows(np.arange(table.rows, dtype=np.int64), out)
+        got.append(out.tobytes())
+    assert got[0] == got[1]
+    return table, got[0]
+
+
+def test_in_place_serves_the_dense_shards_where_they_lie(hub, tmp_path):
+    """`--in-place`: the HN checkpoint's PLE shards are downloaded instead of the prepared snapshot's copied
+    table, and the view's manifest names regions of them (links into the cache); the rows it serves are the
+    table's, the index and its counts are the write-up's, and the first serving start hashes nothing."""
+    from sglang_ssd_stream.sidecar.verify import SERVE, verify_sidecar
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    r = _fetch(hub, tmp_path, in_place=True)
+    view = Path(r.view)
+    assert (r.mappings, r.shards, r.removed) == (16, 6, 8)  # the same served index as the copied way
+    assert hub.gets(TABLE) == []  # the copied table was never asked for
+    assert hub.gets("ssd-stream.json")  # its manifest was (to know which files to leave out)
+    for name in PLE_SHARDS + [SCALE]:
+        assert [g for g in hub.gets(name) if DENSE_REPO in g[1]], name
+    assert not (view / TABLE).exists()
+    table, rows = _region_rows(view)
+    assert table.in_place and len(table.regions) == PARTS and rows == ple_table()
+    dense = Path(read_state(tmp_path / "data")["fetch"]["dense"]["snapshot"])
+    blobs = tmp_path / "data" / "huggingface" / "hub" / f"models--{DENSE_REPO.replace('/', '--')}" / "blobs"
+    for reg in table.regions:
+        assert reg.file == Path(os.path.realpath(dense / reg.path)) and reg.file.parent == blobs.resolve()
+        assert (view / reg.path).is_symlink()
+    index = json.loads((view / "model.safetensors.index.json").read_text())["weight_map"]
+    assert not [n for n in index if ".shard_" in n] and index[f"{PLE.format(l=3)}.weight_scale"] == SCALE
+    assert os.path.realpath(view / SCALE) == os.path.realpath(dense / SCALE)  # the checkpoint's own scale
+    st = read_state(tmp_path / "data")
+    assert st["fetch"]["ple"] == "in-place" and "model-plefp8-*.safetensors" in st["fetch"]["dense"]["patterns"]
+    report = verify_sidecar(load_sidecar(view), caller=SERVE)
+    assert [c.status for c in report.tables] == ["cached"]  # the build's hashes were recorded
+
+
+def test_in_place_rerun_hashes_and_downloads_nothing_and_the_way_can_change(hub, tmp_path, monkeypatch):
+    from sglang_ssd_stream.sidecar import in_place
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    _fetch(hub, tmp_path, in_place=True)
+    manifest = (tmp_path / "view" / "ssd-stream.json").read_bytes()
+    hub.requests.clear()
+    hashed = []
+    real = in_place.sha256_file
+    monkeypatch.setattr(in_place, "sha256_file", lambda *a, **k: hashed.append(a) or real(*a, **k))
+    _fetch(hub, tmp_path, in_place=True)
+    assert hashed == [] and not [x for x in hub.requests if x[0] == "GET" and "/resolve/" in x[1]]
+    assert (tmp_path / "view" / "ssd-stream.json").read_bytes() == manifest  # the same commits: kept
+    _fetch(hub, tmp_path)  # the copied way: the prepared table is fetched, the manifest is the prepared one's
+    assert hub.gets(TABLE) and not load_sidecar(tmp_path / "view").table(3).in_place
+    assert read_state(tmp_path / "data")["fetch"]["ple"] == "copied"
+    _fetch(hub, tmp_path, in_place=True)  # and back: built again from the dense shards (hashed once more)
+    assert hashed and load_sidecar(tmp_path / "view").table(3).in_place
+    assert _region_rows(tmp_path / "view")[1] == ple_table()
+
+
+def test_an_in_place_view_is_bound_to_the_dense_snapshot_region_for_region(hub, tmp_path):
+    """The marker's "ple": "in-place" grants the dense snapshot only for the files its own index maps each region's
+    tensor to: a region pointed at another of its shards, or the marker set on a copied view, is refused."""
+    from sglang_ssd_stream.sidecar.errors import SidecarPathEscape
+    from sglang_ssd_stream.sidecar.view import MARKER_NAME, load_sidecar
+
+    r = _fetch(hub, tmp_path, in_place=True)
+    view = Path(r.view)
+    doc = json.loads((view / "ssd-stream.json").read_text())
+    a, b = doc["tables"][0]["regions"][0], doc["tables"][0]["regions"][2]
+    assert (a["path"], b["path"]) == (PLE_SHARDS[0], PLE_SHARDS[1])
+    for k in ("path", "offset", "sha256", "file_bytes", "file_mtime_ns"):  # rows 0-511 served from shard_2's
+        a[k], b[k] = b[k], a[k]  # bytes and back: self-consistent (each hash is of the bytes it names)
+    (view / "ssd-stream.json").write_text(json.dumps(doc))
+    with pytest.raises(SidecarPathEscape, match=rf"view region {PLE_SHARDS[1]} \(.*shard_0.weight\) is not where "
+                                               rf"the dense snapshot's index .* maps that tensor \({PLE_SHARDS[0]}\)"):
+        load_sidecar(view)
+
+    copied = Path(_fetch(hub, tmp_path / "c").view)
+    marker = json.loads((copied / MARKER_NAME).read_text())
+    load_sidecar(copied)
+    # the marker alone grants nothing: saying "in place" drops the prepared snapshot's grant, and the dense one
+    # holds no file of the copied table
+    (copied / MARKER_NAME).write_text(json.dumps({**marker, "ple": "in-place"}))
+    with pytest.raises(SidecarPathEscape, match=rf"table path '{TABLE}' resolves to .*models--garnermccloud--.*/blobs"
+                                               r"/[0-9a-f]{64}, outside the artifact directory .*symlink escape"):
+        load_sidecar(copied)
+
+
+def test_in_place_refuses_a_prepared_manifest_that_lists_no_tables(hub, tmp_path):
+    hub.repos[PREPARED_REPO].files["ssd-stream.json"] = b'{"format": "sglang-ssd-stream"}'
+    with pytest.raises(ModelUpdateError, match=r"its ssd-stream.json does not list its tables .*Nothing was "
+                                               r"downloaded"):
+        _fetch(hub, tmp_path, in_place=True)
+    assert read_state(tmp_path / "data") is None and not (tmp_path / "view").exists()
+    assert not [g for g in hub.requests if g[0] == "GET" and "/resolve/" in g[1] and "ssd-stream" not in g[1]]
+
+
+def test_cli_in_place(hub, tmp_path, monkeypatch, capsys):
+    from sglang_ssd_stream.cli import main
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("SGLANG_SSD_STREAM_HOME", str(tmp_path / "data"))
+    assert main(["model", "fetch", "--in-place", "--out", str(tmp_path / "view"), "-q"]) == 0
+    out = capsys.readouterr()
+    assert "PLE tables: in place, regions of the dense checkpoint's own shards (no copy)" in out.out
+    assert "(its 1 copied PLE table file(s) left out: --in-place)" in out.err

@@ -645,6 +645,40 @@ def test_a_view_of_an_in_place_checkpoint(tmp_path):
         assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
 
 
+def test_build_view_in_place_reads_the_dense_snapshots_shards(tmp_path, capsys):
+    """`model build-view --in-place` over a checkpoint with no sidecar: the view's own manifest names regions of
+    the checkpoint's shards (links), nothing is written into the checkpoint, every row is the checkpoint's, and a
+    rebuild keeps the manifest; a PLE shard the dense snapshot lacks is refused by name."""
+    from sglang_ssd_stream.cli import main
+    from sglang_ssd_stream.operate.model_view import ModelViewError, build_view
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    ck = _checkpoint(tmp_path / "ckpt", files=9)  # several files hold PLE shards only, as the real ones
+    before = sorted(p.name for p in ck.path.iterdir())
+    view = tmp_path / "view"
+    assert main(["model", "build-view", "--dense", str(ck.path), "--prepared", str(ck.path), "--out", str(view),
+                 "--in-place", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tables"]
+    assert sorted(p.name for p in ck.path.iterdir()) == before  # no manifest, no cache in the checkpoint
+    manifest = (view / "ssd-stream.json").read_bytes()
+    for layer in (FP8, BF16):
+        t = load_sidecar(view).table(layer)
+        assert t.in_place and {f.parent for f in t.files} == {ck.path.resolve()}
+        assert all((view / r.path).is_symlink() for r in t.regions)
+        with SidecarReader(t, max_rows=64, workers=1) as r:
+            ids = _ids(t, np.random.default_rng(layer), 500)
+            assert np.array_equal(_read(r, ids), ck.tables[layer][ids])
+    build_view(ck.path, ck.path, view, in_place=True)
+    assert (view / "ssd-stream.json").read_bytes() == manifest
+
+    index = json.loads((ck.path / "model.safetensors.index.json").read_text())["weight_map"]
+    other = {f for n, f in index.items() if ".shard_" not in n or "mtp" in n}
+    gone = sorted(set(index.values()) - other)[0]
+    os.unlink(ck.path / gone)
+    with pytest.raises(ModelViewError, match=rf"PLE shard {gone}, mapped in .*, is not in the dense snapshot"):
+        build_view(ck.path, ck.path, tmp_path / "view2", in_place=True)
+
+
 def test_sidecar_profile_of_an_in_place_checkpoint(tmp_path):
     """`sidecar profile` reads the corpus' hottest rows at their regions: the same ids and bytes as from the copy."""
     pytest.importorskip("transformers")

@@ -18,6 +18,11 @@ reads through a mapping of this rank's rows instead of ``preadv`` into a page bu
   exposed 0.36 ms and 16 threads 1.8 ms (pool hand-offs fight the engine's thread for the
   GIL); cold, 16 threads took 430 ms and one thread 1,340 ms.
 
+An in-place table (regions of several checkpoint shard files) is mapped side by side: one anonymous
+reservation, each file's span mapped over its part of it (``MAP_FIXED``), so every row of the table has one
+address and a lookup is one gather, as for a copied table's one file (a gather per file cost tens of µs
+per lookup: a warm one-token lookup took 2-3× the copy's).
+
 Memory: nothing is allocated per table; the mapped pages are page cache, which the kernel
 reclaims. Per call a few index arrays of ``len(ids)`` entries.
 
@@ -32,6 +37,7 @@ rank. :class:`SidecarReader` (``io="pread"``) turns every I/O error into an exce
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import faulthandler
 import mmap
 import os
@@ -60,7 +66,8 @@ DEFAULT_INLINE_ROWS = 2048  # rows per inline chunk (a decode batch is one chunk
 # A page-cache row copies in ~30-60 ns, a page fault to disk takes ~20-100 us: a chunk slower than
 # this per row is faulting, and the rest of the lookup goes to the pool.
 SLOW_ROW_S = 1e-6
-GATHER_CALL_S = 10e-6  # the numpy calls of one shard file's gather in an in-place table (~5 us measured)
+GATHER_CALL_S = 10e-6  # an in-place table's locating of each id's region, before its one gather (~5 us measured)
+_MAP_FIXED = 0x10  # Linux's (x86_64 and arm64); the mmap module does not export it
 PROBE_ROWS = 64  # the first inline chunk: a cold decode batch learns it is faulting after 64 rows, not all of them
 
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
@@ -90,6 +97,40 @@ def drop_page_cache(path: str | os.PathLike, readers: Iterable[object] = ()) -> 
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def _libc_mmap():
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = libc.mmap
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64)
+    return fn
+
+
+def map_side_by_side(fds: list[int], spans: dict[int, list[int]]) -> tuple[mmap.mmap, np.ndarray, dict[int, int]]:
+    """Map the byte spans ``{file: [start, end)}`` of ``fds`` read-only into one address range, each at a page
+    boundary: ``(owner, bytes, shift)``, where byte ``b`` of file ``f`` is ``bytes[b + shift[f]]``. ``owner`` is an
+    anonymous reservation (a Python mmap) with each span mapped over its part (``MAP_FIXED``): closing or freeing it
+    unmaps them all, and a view of ``bytes`` keeps it alive as any mmap's view does."""
+    page = mmap.ALLOCATIONGRANULARITY
+    layout, pos = {}, 0
+    for f, (start, end) in spans.items():
+        off = start - start % page
+        layout[f] = (pos, off, end - off)
+        pos += -(-(end - off) // page) * page
+    owner = mmap.mmap(-1, pos, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+    data = np.frombuffer(owner, dtype=np.uint8)
+    try:
+        fn, addr = _libc_mmap(), data.ctypes.data
+        for f, (at, off, length) in layout.items():
+            if fn(addr + at, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fds[f], off) != addr + at:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+    except BaseException:
+        del data
+        owner.close()
+        raise
+    return owner, data, {f: at - off for f, (at, off, _) in layout.items()}
 
 
 class MappedReader:
@@ -145,35 +186,32 @@ class MappedReader:
             for lo, hi, region, first in segs:
                 span = spans.setdefault(files.file_of[region], [first, first])
                 span[0], span[1] = min(span[0], first), max(span[1], first + (hi - lo) * rb)
-            base: dict[int, np.ndarray] = {}
-            for f, (start, end) in spans.items():
-                skew = start % mmap.ALLOCATIONGRANULARITY
-                try:
-                    m = mmap.mmap(files.fds[f], end - start + skew, access=mmap.ACCESS_READ, offset=start - skew)
-                except (OSError, ValueError) as exc:
-                    raise SidecarIOError(f"cannot map PLE table {files.paths[f]}: {exc}",
-                                         path=str(files.paths[f])) from exc
-                self._maps.append(m)
-                try:
-                    m.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
-                except (AttributeError, OSError):
-                    pass
-                base[f] = np.frombuffer(m, dtype=np.uint8)[skew:]
-            self._views = [base[files.file_of[region]][first - spans[files.file_of[region]][0]:][:(hi - lo) * rb]
-                           .reshape(hi - lo, rb) for lo, hi, region, first in segs]
+            try:
+                if len(spans) == 1:  # a copied table, or an in-place one in one shard file
+                    ((f, (start, end)),) = spans.items()
+                    off = start - start % mmap.ALLOCATIONGRANULARITY
+                    m = mmap.mmap(files.fds[f], end - off, access=mmap.ACCESS_READ, offset=off)
+                    data, shift = np.frombuffer(m, dtype=np.uint8), {f: -off}
+                else:  # an in-place table over several shard files: one address range, one gather
+                    m, data, shift = map_side_by_side(files.fds, spans)
+            except (OSError, ValueError) as exc:
+                raise SidecarIOError(f"cannot map PLE table {table.file} ({len(spans)} file(s)): {exc}",
+                                     path=str(table.file)) from exc
+            self._maps.append(m)
+            try:
+                m.madvise(mmap.MADV_RANDOM)  # a row is 160 B: read-ahead would only evict useful pages
+            except (AttributeError, OSError):
+                pass
+            self._views = [data[first + shift[files.file_of[region]]:][:(hi - lo) * rb].reshape(hi - lo, rb)
+                           for lo, hi, region, first in segs]
             self._rows = self._views[0] if len(self._views) == 1 else None
-            if self._rows is None:  # an in-place table: rows gathered by their byte in each file's mapping
+            if self._rows is None:  # an in-place table: each row gathered at its byte in the one mapping
                 self._regions = RegionIndex(table)
-                self._region_file = np.array(files.file_of, np.int64)
-                self._span_start = np.array([spans.get(f, (0, 0))[0] for f in range(len(files.fds))], np.int64)
+                self._region_shift = np.array([shift.get(f, 0) for f in files.file_of], np.int64)
                 # a row at any byte: [bytes - row_bytes + 1, row_bytes] with strides (1, 1), nothing copied. Gathered
                 # as uint8 bytes: numpy releases the GIL only past 500 elements, so a pool task's few rows gathered
                 # as 160-B items would hold it through their page faults (serialized: 12x slower cold)
-                self._windows = {f: as_strided(b, shape=(b.size - rb + 1, rb), strides=(1, 1), writeable=False)
-                                 for f, b in base.items()}
-                # ...but scattered into `out` as whole row items: numpy scatters [n, row_bytes] uint8 rows byte by
-                # byte (7x slower at 32K rows); the gathered rows are in memory, no fault holds the GIL there
-                self._row_item = np.dtype((np.void, rb))
+                self._window = as_strided(data, shape=(data.size - rb + 1, rb), strides=(1, 1), writeable=False)
         except BaseException:
             self._views = self._rows = None
             for m in self._maps:
@@ -182,9 +220,9 @@ class MappedReader:
             raise
         if not faulthandler.is_enabled():
             faulthandler.enable(all_threads=True)  # a media error under the mapping is a SIGBUS: say where
-        # an in-place table gathers once per shard file a chunk touches: fixed numpy calls a warm probe must not
-        # take for page faults (they sent warm 1,024-row lookups to the pool, 9x slower than the copy's)
-        self._gather_s = 0.0 if self._rows is not None else len(self._windows) * GATHER_CALL_S
+        # an in-place table locates each id's region first: fixed numpy calls a warm probe must not take for page
+        # faults (per-file calls once sent warm 1,024-row lookups to the pool, 9x slower than the copy's)
+        self._gather_s = 0.0 if self._rows is not None else GATHER_CALL_S
         self._pool = shared_pool(self.workers) if self.workers > 1 else None
         self._lock = threading.Lock()
         self._failure: str | None = None
@@ -300,15 +338,8 @@ class MappedReader:
             np.take(self._rows, ids - self.vocab_start, axis=0, out=out, mode="clip")
             return
         region, offsets = self._regions.locate(ids)
-        f = self._region_file[region]
-        offsets -= self._span_start[f]
-        if len(self._windows) == 1:
-            out[...] = self._windows[int(f[0])][offsets]  # never np.take: it copies a strided window whole first
-            return
-        dst = out.view(self._row_item)[:, 0]  # out is C-contiguous (check_out)
-        for k in np.flatnonzero(np.bincount(f, minlength=self._region_file.max() + 1)):  # the files it touches
-            pos = np.flatnonzero(f == k)
-            dst[pos] = self._windows[int(k)][offsets[pos]].view(self._row_item)[:, 0]
+        offsets += self._region_shift[region]
+        out[...] = self._window[offsets]  # never np.take: it copies a strided window whole first
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0

@@ -354,10 +354,16 @@ class SidecarReader:
         self._files = files
         self._fd = files.fds[0]
         self._regions = RegionIndex(table)
-        self._region_file = np.array(files.file_of, np.int64)
+        # An in-place table's files laid side by side in one virtual byte space (each at a page boundary, a page
+        # apart, so no read spans two files): a lookup is planned and read in one wave over all of them, as one
+        # file is, instead of file after file (which kept fewer reads in flight and paid the planning per file)
+        sizes = [ident[2] for ident in files.identities]
+        self._file_vbase = np.cumsum([0] + [-(-n // PAGE_SIZE) * PAGE_SIZE + PAGE_SIZE for n in sizes[:-1]])
+        self._region_vbase = self._file_vbase[np.array(files.file_of, np.int64)]
+        self._file_vpage = self._file_vbase // PAGE_SIZE
         try:
             self._identity = files.identities[0]
-            self._file_sizes = [ident[2] for ident in files.identities]
+            self._file_sizes = np.array(sizes, np.int64)
             if not self.direct:
                 for fd in files.fds:
                     try:
@@ -497,16 +503,12 @@ class SidecarReader:
             return
         self._stats["rows_in_range"] += int(sel.size)
         ridx, start = self._regions.locate(ids[sel])  # byte offset of each row in its file
-        if ridx is None or len(self._files.fds) == 1:
-            self._read_file(0, start, sel, out)
-            return
-        fidx = self._region_file[ridx]
-        for f in np.unique(fidx).tolist():
-            m = fidx == f
-            self._read_file(f, start[m], sel[m], out)
+        if ridx is not None and len(self._files.fds) > 1:
+            start += self._region_vbase[ridx]  # ... in the files' one virtual byte space
+        self._read_file(start, sel, out)
 
-    def _read_file(self, f: int, start: np.ndarray, sel: np.ndarray, out: np.ndarray) -> None:
-        """Rows at byte offsets ``start`` of file ``f`` into ``out[sel]``."""
+    def _read_file(self, start: np.ndarray, sel: np.ndarray, out: np.ndarray) -> None:
+        """Rows at (virtual) byte offsets ``start`` into ``out[sel]``."""
         rb, P = self.row_bytes, PAGE_SIZE
         order = np.argsort(start, kind="stable")
         start = start[order]
@@ -528,45 +530,47 @@ class SidecarReader:
             pa = int(fidx[ra])
             rb_ = min(int(np.searchsorted(fidx, pa + self._wave_pages, side="left")), ra + self._wave_rows)
             pe = int(lidx[rb_ - 1]) + 1  # lidx is non-decreasing; <= pa + wave_pages + spill
-            self._read_pages(f, pages[pa:pe])
+            self._read_pages(pages[pa:pe])
             boff = (fidx[ra:rb_] - pa) * P + in_page[ra:rb_]
             out[dst[ra:rb_]] = self._window[boff]
             self._stats["waves"] += 1
             ra = rb_
 
-    def _read_pages(self, f: int, seg: np.ndarray) -> None:
-        """Read the (sorted, unique) pages ``seg`` of file ``f`` into the page buffer, page i at i × 4 KiB."""
+    def _read_pages(self, seg: np.ndarray) -> None:
+        """Read the (sorted, unique, virtual) pages ``seg`` into the page buffer, page i at i × 4 KiB."""
         P, cap = PAGE_SIZE, self.max_read_pages
         n = seg.size
         brk = np.empty(n, dtype=bool)
         brk[0] = True
-        np.not_equal(np.diff(seg), 1, out=brk[1:])
+        np.not_equal(np.diff(seg), 1, out=brk[1:])  # files lie a page apart: a run never spans two
         run_start = np.flatnonzero(brk)[np.cumsum(brk) - 1]
         starts = np.flatnonzero(brk | ((np.arange(n) - run_start) % cap == 0))
         lens = np.diff(np.append(starts, n))
-        file_off = seg[starts] * P
-        expect = np.minimum(lens * P, self._file_sizes[f] - file_off)
-        jobs = (file_off.tolist(), (starts * P).tolist(), (lens * P).tolist(), expect.tolist())
-        fd, path = self._files.fds[f], self._files.paths[f]
+        if self._file_vpage.size == 1:
+            fidx = np.zeros(starts.size, np.int64)
+        else:
+            fidx = np.searchsorted(self._file_vpage, seg[starts], side="right") - 1
+        file_off = (seg[starts] - self._file_vpage[fidx]) * P
+        expect = np.minimum(lens * P, self._file_sizes[fidx] - file_off)
+        jobs = (fidx.tolist(), file_off.tolist(), (starts * P).tolist(), (lens * P).tolist(), expect.tolist())
         self._stats["reads"] += int(starts.size)
         self._stats["bytes_read"] += int(expect.sum())
 
         nthreads = min(self.workers, -(-starts.size // MIN_READS_PER_THREAD))
         if nthreads <= 1 or self._pool is None:
-            self._read_runs(fd, path, *jobs)
+            self._read_runs(*jobs)
             return
         bounds = np.linspace(0, starts.size, nthreads + 1).astype(int).tolist()
-        futures = [
-            self._pool.submit(self._read_runs, fd, path, *(j[bounds[i]:bounds[i + 1]] for j in jobs))
-            for i in range(nthreads)
-        ]
+        futures = [self._pool.submit(self._read_runs, *(j[bounds[i]:bounds[i + 1]] for j in jobs))
+                   for i in range(nthreads)]
         concurrent.futures.wait(futures)  # never leave a thread writing into the buffer
         for f in futures:
             f.result()
 
-    def _read_runs(self, fd, path, file_offs, buf_offs, lengths, expects) -> None:
-        mv = self._mv
-        for fo, bo, ln, ex in zip(file_offs, buf_offs, lengths, expects, strict=False):
+    def _read_runs(self, files, file_offs, buf_offs, lengths, expects) -> None:
+        mv, fds, paths = self._mv, self._files.fds, self._files.paths
+        for f, fo, bo, ln, ex in zip(files, file_offs, buf_offs, lengths, expects, strict=False):
+            fd, path = fds[f], paths[f]
             got = 0
             try:
                 while got < ex:

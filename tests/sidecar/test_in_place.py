@@ -429,6 +429,42 @@ def test_manifest_rules(fresh, edit, error, fragment):
         load_manifest(ck.path)
 
 
+def test_the_mapped_reader_maps_the_shard_files_side_by_side(both):
+    """One address range for a table over three shard files (one gather per lookup, not one per file): every
+    segment's view lies in the reader's one mapping; a view held past close() keeps it mapped, with the right rows."""
+    ck, inplace, _ = both
+    t = inplace.table(FP8)
+    assert len(t.files) == 3
+    r = MappedReader(t, max_rows=64, workers=1)
+    (m,) = r._maps
+    lo = np.frombuffer(m, np.uint8).ctypes.data
+    views = r.mapped_views
+    assert len(views) == len(t.regions)
+    for v, reg in zip(views, t.regions, strict=True):
+        assert lo <= v.ctypes.data and v.ctypes.data + v.nbytes <= lo + len(m)
+        assert v.shape == (reg.rows, t.row_bytes)
+    ids = np.array([reg.row_end - 1 for reg in t.regions], np.int64)
+    assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
+    r.close()
+    for v, reg in zip(views, t.regions, strict=True):  # still mapped: the held views keep the mapping
+        assert np.array_equal(v[-1], ck.tables[FP8][reg.row_end - 1])
+    del views, v
+    with pytest.raises(SidecarReaderUnusable, match="closed"):
+        r.read_rows(ids, np.zeros((ids.size, t.row_bytes), np.uint8))
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_pread_reader_reads_every_shard_file_in_one_wave(both, workers):
+    """A lookup touching all three shard files is planned and read as one wave (its reads of every file in flight
+    together), not file after file; the rows are the checkpoint's, at every region's first and last row."""
+    ck, inplace, _ = both
+    t = inplace.table(FP8)
+    ids = np.array([x for reg in t.regions for x in (reg.row_start, reg.row_end - 1)], np.int64)
+    with SidecarReader(t, max_rows=4096, workers=workers) as r:
+        assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
+        assert r.stats["waves"] == 1 and r.stats["reads"] >= len(t.files)
+
+
 def test_a_single_descriptor_is_refused_for_an_in_place_table(both):
     """`sidecar profile` and a copied table's callers take one descriptor; an in-place table has several."""
     _, inplace, _ = both

@@ -11,13 +11,17 @@ from sglang_ssd_stream.patching.manifest import known_manifests
 from sglang_ssd_stream.sglang import hooks
 
 # read or reproduced, not wrapped: the one-layer-ahead call the gather relies on, the n-gram hash the
-# prefetch computes on the host, where a verify row's n-gram history comes from and is committed, and
-# how each PLE table is split over TP ranks (sidecar profile reproduces it)
+# prefetch computes on the host, where a verify row's n-gram history comes from and is committed, how
+# each PLE table is split over TP ranks (sidecar profile reproduces it), and sglang's parallel context
+# (the ranks the hooks read, the override sidecar profile splits a table under, an unwritten rank raising)
 RELIED_ON = ("sglang.srt.models.qwen4_exp.Qwen4ExpPLELayer.start_prefetch",
              "sglang.srt.models.qwen4_exp.Qwen4ExpNGramEmbedding._hash_contexts",
              "sglang.srt.models.qwen4_exp._prepare_ple_batch",
              "sglang.srt.models.qwen4_exp._commit_ple_batch",
-             "sglang.srt.models.qwen4_exp.Qwen4ExpNGramEmbedding.__init__")
+             "sglang.srt.models.qwen4_exp.Qwen4ExpNGramEmbedding.__init__",
+             "sglang.srt.runtime_context.get_parallel",
+             "sglang.srt.runtime_context.ParallelContext.override",
+             "sglang.srt.runtime_context.ParallelContext._read")
 
 
 def _watched() -> set[tuple[str, str]]:
@@ -36,7 +40,17 @@ def test_every_hook_target_is_watched():
     watched = _watched()
     missing = [t for t in targets if not _located(t, watched)]
     assert missing == [], f"not in the sglang {ENGINES['sglang'].pinned} manifest's watch list: {missing}"
-    assert len(targets) == 15
+    assert len(targets) == 18
+
+
+def test_every_sglang_name_the_hooks_import_from_the_parallel_context_is_relied_on():
+    """The hooks' imports from sglang's runtime context are in RELIED_ON (so watched): a new one fails here."""
+    import ast
+    import inspect
+
+    imported = {f"{n.module}.{a.name}" for n in ast.walk(ast.parse(inspect.getsource(hooks)))
+                if isinstance(n, ast.ImportFrom) and n.module == "sglang.srt.runtime_context" for a in n.names}
+    assert imported and imported <= set(RELIED_ON), imported - set(RELIED_ON)
 
 
 def test_the_check_sees_a_target_that_is_not_watched():

@@ -99,6 +99,7 @@ class Facts:
     disks: tuple[DiskFacts, ...] = ()
     row_bytes: dict = field(default_factory=dict)  # sidecar layer -> bytes per row
     sidecar_error: str | None = None  # the sidecar's manifest or a table did not load
+    sidecar_disk_use: str | None = None  # what its kind costs on disk (checks/sidecar.py disk_use)
     cpu: object = None  # checks.host.CpuBudget: affinity and cgroup quota (sizes the fetch pool)
     tegra: object = None  # checks.host.TegraRelease on a Jetson, else None
     mem_available_bytes: int | None = None  # /proc/meminfo MemAvailable; None: unknown
@@ -142,8 +143,10 @@ def _sidecar_facts(settings: env.PleSettings | None) -> dict:
         return {}
     try:
         manifest = load_sidecar(settings.sidecar, settings.trusted_roots)  # sizes checked: a truncated table refused
+        from sglang_ssd_stream.checks.sidecar import disk_use
+
         return {"disks": sidecar_disks(settings, manifest),
-                "row_bytes": {t.layer: t.row_bytes for t in manifest.tables}}
+                "row_bytes": {t.layer: t.row_bytes for t in manifest.tables}, "sidecar_disk_use": disk_use(manifest)}
     except KitError as exc:
         return {"sidecar_error": exc.message}
 
@@ -204,7 +207,8 @@ def check_sidecar(settings: env.PleSettings, facts: Facts) -> list[Finding]:
         loaded = Finding(ERROR, "sidecar", facts.sidecar_error)
     else:
         loaded = Finding(OK, "sidecar", f"{settings.sidecar}: {len(facts.row_bytes)} table(s), sizes as the manifest "
-                         f"says")  # the floor's words (checks/sidecar.py load_finding)
+                         f"says" + (f"; {facts.sidecar_disk_use}" if facts.sidecar_disk_use else ""))  # the floor's
+        # words (checks/sidecar.py load_finding)
     if loaded.level == ERROR:
         return [replace(loaded, fix=SIDECAR_FIX)]
     out = [loaded]

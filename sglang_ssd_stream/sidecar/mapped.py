@@ -39,6 +39,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import faulthandler
+import math
 import mmap
 import os
 import threading
@@ -107,15 +108,26 @@ def _libc_mmap():
     return fn
 
 
-def map_side_by_side(fds: list[int], spans: dict[int, list[int]]) -> tuple[mmap.mmap, np.ndarray, dict[int, int]]:
+def map_side_by_side(fds: list[int], spans: dict[int, list[int]], *, row_bytes: int = 1,
+                     anchors: dict[int, int] | None = None) -> tuple[mmap.mmap, np.ndarray, dict[int, int]]:
     """Map the byte spans ``{file: [start, end)}`` of ``fds`` read-only into one address range, each at a page
     boundary: ``(owner, bytes, shift)``, where byte ``b`` of file ``f`` is ``bytes[b + shift[f]]``. ``owner`` is an
     anonymous reservation (a Python mmap) with each span mapped over its part (``MAP_FIXED``): closing or freeing it
-    unmaps them all, and a view of ``bytes`` keeps it alive as any mmap's view does."""
+    unmaps them all, and a view of ``bytes`` keeps it alive as any mmap's view does.
+
+    ``anchors``: a byte of each file (its first row) to place at a multiple of ``row_bytes`` where the page
+    boundaries allow, skipping at most ``row_bytes / gcd(page, row_bytes)`` pages of address space (never memory):
+    then the rows of every file are rows of one ``[n, row_bytes]`` array."""
     page = mmap.ALLOCATIONGRANULARITY
     layout, pos = {}, 0
     for f, (start, end) in spans.items():
         off = start - start % page
+        if anchors is not None and row_bytes > 1:
+            want = (off - anchors[f]) % row_bytes  # at ≡ want (mod row_bytes) puts the anchor on a row boundary
+            for k in range(row_bytes // math.gcd(page, row_bytes)):
+                if (pos + k * page) % row_bytes == want:
+                    pos += k * page
+                    break
         layout[f] = (pos, off, end - off)
         pos += -(-(end - off) // page) * page
     owner = mmap.mmap(-1, pos, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
@@ -193,7 +205,10 @@ class MappedReader:
                     m = mmap.mmap(files.fds[f], end - off, access=mmap.ACCESS_READ, offset=off)
                     data, shift = np.frombuffer(m, dtype=np.uint8), {f: -off}
                 else:  # an in-place table over several shard files: one address range, one gather
-                    m, data, shift = map_side_by_side(files.fds, spans)
+                    anchors = {}
+                    for _lo, _hi, region, first in segs:
+                        anchors.setdefault(files.file_of[region], first)
+                    m, data, shift = map_side_by_side(files.fds, spans, row_bytes=rb, anchors=anchors)
             except (OSError, ValueError) as exc:
                 raise SidecarIOError(f"cannot map PLE table {table.file} ({len(spans)} file(s)): {exc}",
                                      path=str(table.file)) from exc
@@ -208,10 +223,22 @@ class MappedReader:
             if self._rows is None:  # an in-place table: each row gathered at its byte in the one mapping
                 self._regions = RegionIndex(table)
                 self._region_shift = np.array([shift.get(f, 0) for f in files.file_of], np.int64)
-                # a row at any byte: [bytes - row_bytes + 1, row_bytes] with strides (1, 1), nothing copied. Gathered
-                # as uint8 bytes: numpy releases the GIL only past 500 elements, so a pool task's few rows gathered
-                # as 160-B items would hold it through their page faults (serialized: 12x slower cold)
-                self._window = as_strided(data, shape=(data.size - rb + 1, rb), strides=(1, 1), writeable=False)
+                # Where every row of this rank lies at one residue modulo row_bytes (map_side_by_side places each
+                # file so where the page boundaries allow: a byte's residue modulo the page's gcd with row_bytes is
+                # its own), the rows are one [n, row_bytes] array and numpy.take gathers them, the copied table's own
+                # gather. Else one gather from a window at any byte ([bytes - row_bytes + 1, row_bytes], strides
+                # (1, 1), nothing copied; 2.7x numpy.take's time for 1K rows, still one call for all files),
+                # gathered as uint8 bytes: numpy releases the GIL only past 500 elements, so a pool task's few rows
+                # gathered as 160-B items would hold it through their page faults (serialized: 12x slower cold)
+                residues = np.unique((np.array([r.offset for r in table.regions], np.int64)
+                                      + self._region_shift)[[seg[2] for seg in segs]] % rb)
+                if residues.size == 1:
+                    c = int(residues[0])
+                    self._rows_at = (c, data[c:c + (data.size - c) // rb * rb].reshape(-1, rb))
+                else:
+                    self._rows_at = None
+                    self._window = as_strided(data, shape=(data.size - rb + 1, rb), strides=(1, 1),
+                                              writeable=False)
         except BaseException:
             self._views = self._rows = None
             for m in self._maps:
@@ -339,7 +366,11 @@ class MappedReader:
             return
         region, offsets = self._regions.locate(ids)
         offsets += self._region_shift[region]
-        out[...] = self._window[offsets]  # never np.take: it copies a strided window whole first
+        if self._rows_at is not None:
+            c, rows = self._rows_at
+            np.take(rows, (offsets - c) // self.row_bytes, axis=0, out=out, mode="clip")
+        else:
+            out[...] = self._window[offsets]  # never np.take: it copies a strided window whole first
 
     def _copy(self, local: np.ndarray, out: np.ndarray) -> None:
         n, a = local.shape[0], 0

@@ -453,6 +453,56 @@ def test_the_mapped_reader_maps_the_shard_files_side_by_side(both):
         r.read_rows(ids, np.zeros((ids.size, t.row_bytes), np.uint8))
 
 
+def _aligned_checkpoint(path: Path, files: int = 3, per_file: int = 2, rows: int = 997) -> np.ndarray:
+    """PLE shard tensors only, consecutive, each file's data starting at a multiple of 32 bytes (its header padded
+    with spaces, as the format allows): every row of every file lies at one residue modulo 160 once mapped side
+    by side. Returns the table's bytes."""
+    import struct
+
+    rng = np.random.default_rng(11)
+    table = rng.integers(0, 256, size=(files * per_file * rows, 160), dtype=np.uint8)
+    path.mkdir(parents=True)
+    weight_map = {}
+    for i in range(files):
+        header, data = {}, b""
+        for j in range(per_file):
+            k = i * per_file + j
+            name = f"{PREFIX.format(layer=FP8)}.shard_{k}.weight"
+            chunk = table[k * rows:(k + 1) * rows].tobytes()
+            span = [len(data), len(data) + len(chunk)]
+            header[name] = {"dtype": "F8_E4M3", "shape": [rows, 160], "data_offsets": span}
+            data += chunk
+            weight_map[name] = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
+        raw = json.dumps(header).encode()
+        raw += b" " * (-(8 + len(raw)) % 32 + 32 * i)  # data at 32 × (something), a different page offset per file
+        (path / weight_map[name]).write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen4_exp",
+                                                  "text_config": {"split_ngram_parts": files * per_file}}))
+    return table
+
+
+def test_the_mapped_reader_takes_rows_of_one_array_where_the_files_align(both, tmp_path):
+    """Files whose rows lie at one residue modulo 32 are placed so all rows are one [n, 160] array (numpy.take, the
+    copy's gather); files that do not (the test checkpoint's) are read through the window at any byte. Both serve
+    the checkpoint's rows."""
+    table = _aligned_checkpoint(tmp_path / "aligned")
+    build_in_place(tmp_path / "aligned", progress=False)
+    t = load_manifest(tmp_path / "aligned").table(FP8)
+    assert len(t.files) == 3 and len({r.offset % 160 for r in t.regions}) > 1  # not aligned in the files
+    ids = _ids(t, np.random.default_rng(3), 3000)
+    with MappedReader(t, max_rows=4096, workers=1) as r:
+        assert r._rows_at is not None
+        assert np.array_equal(_read(r, ids), table[ids])
+    with MappedReader(t, max_rows=4096, workers=3, inline_rows=0) as r:  # through the pool
+        assert np.array_equal(_read(r, ids), table[ids])
+    ck, inplace, _ = both
+    with MappedReader(inplace.table(FP8), max_rows=4096, workers=1) as r:
+        assert r._rows_at is None
+        ids = _ids(inplace.table(FP8), np.random.default_rng(4), 3000)
+        assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
+
+
 @pytest.mark.parametrize("workers", [1, 4])
 def test_the_pread_reader_reads_every_shard_file_in_one_wave(both, workers):
     """A lookup touching all three shard files is planned and read as one wave (its reads of every file in flight

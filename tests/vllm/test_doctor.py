@@ -90,6 +90,11 @@ def test_healthy_streaming_configuration_passes_with_the_escape_hatch(vllm, side
     lv = levels(doc)
     assert lv["source"] == {"warning"} and lv["watched_code"] == {"ok"}  # unpatched, accepted by the hatch
     assert lv["uva"] == {"warning"} and lv["sidecar"] == {"ok"} and lv["fetch_round"] == {"ok"}
+    from sglang_ssd_stream.checks.sidecar import load_finding
+
+    # from the gathered facts, the floor's own words, its disk line included
+    assert finding(doc, "sidecar")["message"] == load_finding(sidecar)[0].message
+    assert finding(doc, "sidecar")["message"].endswith("of table files on disk")
     assert finding(doc, "cudagraph_mode")["message"] == "NONE (from --enforce-eager)"
     assert finding(doc, "sidecar_sha")["level"] == "ok" and "1 table(s) match" in finding(doc, "sidecar_sha")["message"]
     assert doc["facts"]["platform"] == "CpuPlatform" and doc["facts"]["row_bytes"] == {"3": 160}

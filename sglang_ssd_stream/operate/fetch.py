@@ -213,7 +213,8 @@ def download(repo: str, commit: str, patterns: tuple[str, ...] | None, cache_dir
         raise EnvironmentProblem(f"download of {repo}@{commit[:12]} into {cache_dir} failed: {exc}") from None
 
 
-def sidecar_tables(repo: str, commit: str, cache_dir: Path, *, endpoint: str | None) -> tuple[str, ...]:
+def sidecar_tables(repo: str, commit: str, cache_dir: Path, *, endpoint: str | None,
+                   progress: bool = True) -> tuple[str, ...]:
     """The table files the prepared snapshot's ``ssd-stream.json`` names (fetched alone, into the cache; it is
     verified with the rest), as patterns that match exactly those paths: what ``--in-place`` leaves out."""
     import glob
@@ -223,6 +224,8 @@ def sidecar_tables(repo: str, commit: str, cache_dir: Path, *, endpoint: str | N
 
     from ..sidecar.format import MANIFEST_NAME
 
+    if not progress:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         path = hf_hub_download(repo, MANIFEST_NAME, revision=commit, cache_dir=str(cache_dir), endpoint=endpoint)
     except EntryNotFoundError:
@@ -365,7 +368,8 @@ def fetch_model(out: str | os.PathLike, data_dir: str | os.PathLike, *, prepared
                                       ("dense", dense_repo, dense_revision, dense_patterns)):
         revision = revision_of(kind, repo, rev)
         commit = resolve(repo, revision, endpoint=endpoint)
-        ignore = sidecar_tables(repo, commit, cache_dir, endpoint=endpoint) if in_place and kind == "prepared" else ()
+        ignore = (sidecar_tables(repo, commit, cache_dir, endpoint=endpoint, progress=progress)
+                  if in_place and kind == "prepared" else ())
         files = remote_files(repo, commit, patterns, endpoint=endpoint, ignore=ignore)
         plan.append((kind, repo, revision, commit, patterns, ignore, files))
         log(f"{kind}: {repo}@{commit}" + (f" ({revision})" if revision != commit else " (pinned)")

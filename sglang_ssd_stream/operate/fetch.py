@@ -128,6 +128,15 @@ def _hub_offline(what: str) -> Offline | None:
                    f"{offline.split('=')[0]} and retry; a model already fetched is served from state.json offline")
 
 
+def _raise_if_unreachable(exc: BaseException, ref: str, did_not: str) -> None:
+    """:class:`Offline` (or the refusal of a variable that switched the hub off) when ``exc`` is the hub not
+    answering for ``ref``; otherwise nothing, and the caller re-raises ``exc``."""
+    how = _unreachable(exc)
+    if how:
+        raise _hub_offline(ref) or Offline(f"the model hub {did_not} ({how}); nothing was changed. Retry, or set "
+                                           f"HF_ENDPOINT to a mirror") from None
+
+
 def resolve(repo: str, revision: str, *, endpoint: str | None) -> str:
     """The commit ``revision`` names on the hub (a 40-hex revision is already one)."""
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
@@ -139,11 +148,7 @@ def resolve(repo: str, revision: str, *, endpoint: str | None) -> str:
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
         raise ModelUpdateError(f"{repo}@{revision}: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - only the hub not answering is re-labelled
-        how = _unreachable(exc)
-        if how:
-            raise _hub_offline(f"{repo}@{revision}") or Offline(
-                f"the model hub did not answer for {repo}@{revision} ({how}); nothing was changed. Retry, or set "
-                f"HF_ENDPOINT to a mirror") from None
+        _raise_if_unreachable(exc, f"{repo}@{revision}", f"did not answer for {repo}@{revision}")
         raise
     if not sha or not _COMMIT.match(sha):
         raise ModelUpdateError(f"{repo}@{revision}: the hub returned no commit ({sha!r})")
@@ -161,11 +166,7 @@ def remote_files(repo: str, commit: str, patterns: tuple[str, ...] | None, *, en
         tree = [e for e in _api(endpoint).list_repo_tree(repo, revision=commit, recursive=True)
                 if isinstance(e, RepoFile)]
     except Exception as exc:  # noqa: BLE001
-        how = _unreachable(exc)
-        if how:
-            raise _hub_offline(f"{repo}@{commit}") or Offline(
-                f"the model hub did not list {repo}@{commit} ({how}); nothing was changed. Retry, or set "
-                f"HF_ENDPOINT to a mirror") from None
+        _raise_if_unreachable(exc, f"{repo}@{commit}", f"did not list {repo}@{commit}")
         raise
     wanted = set(filter_repo_objects([e.path for e in tree], allow_patterns=list(patterns) if patterns else None,
                                      ignore_patterns=list(ignore) or None))
@@ -220,7 +221,7 @@ def sidecar_tables(repo: str, commit: str, cache_dir: Path, *, endpoint: str | N
     import glob
 
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.errors import RemoteEntryNotFoundError
 
     from ..sidecar.format import MANIFEST_NAME
 
@@ -228,14 +229,10 @@ def sidecar_tables(repo: str, commit: str, cache_dir: Path, *, endpoint: str | N
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         path = hf_hub_download(repo, MANIFEST_NAME, revision=commit, cache_dir=str(cache_dir), endpoint=endpoint)
-    except EntryNotFoundError:
+    except RemoteEntryNotFoundError:  # the hub says so (a Local… one is the hub not answering)
         return ()  # no sidecar there: nothing to leave out
     except Exception as exc:  # noqa: BLE001 - only the hub not answering is re-labelled
-        how = _unreachable(exc)
-        if how:
-            raise _hub_offline(f"{repo}@{commit}") or Offline(
-                f"the model hub did not give {MANIFEST_NAME} of {repo}@{commit} ({how}); nothing was changed. "
-                f"Retry, or set HF_ENDPOINT to a mirror") from None
+        _raise_if_unreachable(exc, f"{repo}@{commit}", f"did not give {MANIFEST_NAME} of {repo}@{commit}")
         raise
     try:
         tables = json.loads(Path(path).read_text(encoding="utf-8"))["tables"]

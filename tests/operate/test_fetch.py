@@ -356,3 +356,46 @@ def test_cli_in_place(hub, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr()
     assert "PLE tables: in place, regions of the dense checkpoint's own shards (no copy)" in out.out
     assert "(its 1 copied PLE table file(s) left out: --in-place)" in out.err
+
+
+def test_in_place_leaves_out_nothing_without_a_prepared_manifest_and_says_when_the_hub_is_down(hub, tmp_path,
+                                                                                             monkeypatch):
+    """`sidecar_tables`: a prepared snapshot without ssd-stream.json has no copied table to leave out; a hub that
+    does not answer is `Offline`, naming the file, and nothing is kept."""
+    from sglang_ssd_stream.operate.errors import Offline
+    from sglang_ssd_stream.operate.fetch import sidecar_tables
+
+    cache = tmp_path / "cache"
+    assert sidecar_tables(PREPARED_REPO, C_PREP, cache, endpoint=hub.url, progress=False) == (TABLE,)
+    del hub.repos[PREPARED_REPO].files["ssd-stream.json"]
+    assert sidecar_tables(PREPARED_REPO, C_PREP, tmp_path / "c2", endpoint=hub.url, progress=False) == ()
+    import socket
+    import types
+
+    from huggingface_hub.utils import _http
+
+    # huggingface_hub's own back-off between its retries (about 20 s) is not what this checks
+    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=lambda s: None))
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(Offline, match=r"did not give ssd-stream.json of .*\(LocalEntryNotFoundError\); nothing was "
+                                      r"changed"):
+        sidecar_tables(PREPARED_REPO, C_PREP, tmp_path / "c3", endpoint=url, progress=False)
+    assert not list((tmp_path / "c3").rglob("ssd-stream.json"))
+
+
+def test_an_in_place_view_whose_manifest_no_longer_loads_is_built_again(hub, tmp_path, monkeypatch):
+    """A re-run keeps the old view's manifest only while it loads: an unreadable one is built again from the
+    dense shards (hashed once more), and the view serves the table's rows."""
+    from sglang_ssd_stream.sidecar import in_place
+    from sglang_ssd_stream.sidecar.view import load_sidecar
+
+    _fetch(hub, tmp_path, in_place=True)
+    (tmp_path / "view" / "ssd-stream.json").write_text("{not json")
+    hashed = []
+    real = in_place.sha256_file
+    monkeypatch.setattr(in_place, "sha256_file", lambda *a, **k: hashed.append(a) or real(*a, **k))
+    _fetch(hub, tmp_path, in_place=True)
+    assert len(hashed) == PARTS and load_sidecar(tmp_path / "view").table(3).in_place
+    assert _region_rows(tmp_path / "view")[1] == ple_table()

@@ -68,13 +68,13 @@ class _Verified:
         self.data = self.path.read_bytes()
         self.code = compile(self.data, str(self.path), "exec", dont_inherit=True)
         self.tree = ast.parse(self.data)
-        self._functions = None  # parsed for the hashes at the first one (the guard's own parse of the text)
+        self._functions = None  # made at the first hash, on the parse above
 
     def sha256(self, qualname: str) -> str | None:
         from sglang_ssd_stream.patching.state import SourceFunctions
 
         if self._functions is None:
-            self._functions = SourceFunctions(self.data)
+            self._functions = SourceFunctions(self.data, self.tree)
         return self._functions.sha256(qualname)
 
 

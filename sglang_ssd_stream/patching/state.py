@@ -47,9 +47,9 @@ class SourceFunctions:
     ``ast.parse`` and ``ast.get_source_segment`` parsed and split the whole file again per function, in every
     engine process the guard runs in."""
 
-    def __init__(self, source: bytes):
+    def __init__(self, source: bytes, tree: ast.Module | None = None):
         self.text = source.decode("utf-8")
-        self.tree = ast.parse(self.text)
+        self.tree = ast.parse(self.text) if tree is None else tree  # a caller's own parse of ``source``
         self._lines: list[str] | None = None
 
     def segment(self, node: ast.AST) -> str | None:

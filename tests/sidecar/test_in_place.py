@@ -22,6 +22,7 @@ from sglang_ssd_stream.sidecar import (
     SidecarChanged,
     SidecarCheckpointError,
     SidecarChecksumMismatch,
+    SidecarIOError,
     SidecarManifestError,
     SidecarPathEscape,
     SidecarReader,
@@ -513,6 +514,32 @@ def test_the_pread_reader_reads_every_shard_file_in_one_wave(both, workers):
     with SidecarReader(t, max_rows=4096, workers=workers) as r:
         assert np.array_equal(_read(r, ids), ck.tables[FP8][ids])
         assert r.stats["waves"] == 1 and r.stats["reads"] >= len(t.files)
+
+
+def test_a_side_by_side_mapping_that_fails_is_a_clear_error_and_leaves_nothing_open(both, monkeypatch):
+    """mmap refusing a file's span (MAP_FIXED at another address, or an error): SidecarIOError naming the table,
+    its files closed and the reservation unmapped."""
+    from sglang_ssd_stream.sidecar import mapped
+
+    _, inplace, _ = both
+    t = inplace.table(FP8)
+    closed, owners = [], []
+    real_close, real_mmap = mapped.TableFiles.close, mapped.mmap.mmap
+
+    def spy_close(self):
+        closed.append(self)
+        return real_close(self)
+
+    def spy_mmap(*a, **k):
+        owners.append(real_mmap(*a, **k))
+        return owners[-1]
+
+    monkeypatch.setattr(mapped.TableFiles, "close", spy_close)
+    monkeypatch.setattr(mapped.mmap, "mmap", spy_mmap)
+    monkeypatch.setattr(mapped, "_libc_mmap", lambda: lambda *a: 0)  # never the address asked for
+    with pytest.raises(SidecarIOError, match=rf"cannot map PLE table .* \({len(t.files)} file\(s\)\)"):
+        MappedReader(t, max_rows=64, workers=1)
+    assert len(closed) == 1 and len(owners) == 1 and owners[0].closed
 
 
 def test_a_single_descriptor_is_refused_for_an_in_place_table(both):
